@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One idempotent set-up for a fresh Debian (bookworm) machine, as root:
+# the apt packages nftproxy needs, then a virtual environment made from the
+# system python3 with system site packages (so Debian's python3-nftables,
+# which matches the installed libnftables1, is importable), then nftproxy
+# itself with its test tools. deploy/Dockerfile runs this same script.
+#
+#   NFTPROXY_NO_TEST_DEPS=1  skip the test/lint tools (container image)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${NFTPROXY_VENV:-$here/.venv}
+apt_packages=(nftables libnftables1 python3-nftables python3-venv python3-pip iproute2 iptables kmod procps)
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: need root to install: ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating $venv from /usr/bin/python3"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+
+extras="[test]"
+[ "${NFTPROXY_NO_TEST_DEPS:-0}" = 1 ] && extras=""
+stamp="$venv/.nftproxy-installed"
+want=$(cat "$here/pyproject.toml" | sha256sum | cut -d' ' -f1)$extras
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing nftproxy$extras into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -e "$here$extras"
+  echo "$want" > "$stamp"
+fi
+"$venv/bin/python" -c "import nftables, nftproxy" || {
+  echo "setup: the venv cannot import nftables (python3-nftables) or nftproxy" >&2
+  exit 1
+}
