@@ -1,3 +1,3 @@
-"""nftproxy: a Kubernetes service proxy that programs kube-proxy's KUBE-* semantics with nftables."""
+"""nftproxy: a Kubernetes service proxy programming kube-proxy's KUBE-* semantics in nftables."""
 
 __version__ = "0.1.0"

@@ -15,10 +15,10 @@ from enum import Enum
 from nftproxy.model import IPFamily, family_of
 
 __all__ = [
+    "PRIMARY",
     "ConntrackConfig",
     "DetectLocalMode",
     "ProxyConfig",
-    "PRIMARY",
 ]
 
 PRIMARY = "primary"
@@ -81,9 +81,7 @@ class ProxyConfig:
         return tuple(c for c in self.cluster_cidrs if family_of(c) is family)
 
     def nodeport_cidrs_of(self, family: IPFamily) -> tuple[str, ...]:
-        return tuple(
-            c for c in self.nodeport_addresses if c != PRIMARY and family_of(c) is family
-        )
+        return tuple(c for c in self.nodeport_addresses if c != PRIMARY and family_of(c) is family)
 
     @property
     def nodeport_primary(self) -> bool:

@@ -431,7 +431,7 @@ class _Reader:
         for key in doc:
             if key not in _TOP_KEYS and key not in _SILENT_TOP:
                 self.warnings.append(f"{key}: unknown field, ignored")
-        self._set("node_name", doc, "hostnameOverride")
+        self._set("node_name", doc, "hostnameOverride", skip_empty=True)
         self._bind_address(doc.get("bindAddress"))
         self._set("healthz_bind_address", doc, "healthzBindAddress")
         self._set("metrics_bind_address", doc, "metricsBindAddress")
@@ -467,13 +467,14 @@ class _Reader:
         skip_empty: bool = False,
         skip_zero: bool = False,
     ) -> None:
+        """out[key] = section[name], normalised; `skip_zero` is for durations
+        where 0 means "use the default", as in kube-proxy's defaulting."""
         value = section.get(name)
         if value is None or (skip_empty and value in ("", [])):
             return
-        normalised = _SETTINGS[key][0](path + name, value)
-        if skip_zero and normalised == 0:
+        if skip_zero and _seconds(path + name, value) == 0:
             return
-        self.out[key] = normalised
+        self.out[key] = _SETTINGS[key][0](path + name, value)
 
     def _section(
         self, name: str, keys: frozenset[str], *, silent: frozenset[str] = frozenset()

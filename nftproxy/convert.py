@@ -62,8 +62,8 @@ __all__ = [
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
 HEADLESS_LABEL = "service.kubernetes.io/headless"
-TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
-AUTOSCALER_TAINT = "ToBeDeletedByClusterAutoscaler"
+_TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+_AUTOSCALER_TAINT = "ToBeDeletedByClusterAutoscaler"
 
 _UNKNOWN = "<unknown>"
 _MAX_AFFINITY_TIMEOUT = 86400  # API validation: 0 < timeoutSeconds <= 86400
@@ -726,9 +726,9 @@ def _hint_names(hints: Mapping[str, Any], key: str, path: str, report: _Report) 
 
 def _trigger_time(meta: Mapping[str, Any], report: _Report) -> float | None:
     """The last-change-trigger-time annotation (RFC 3339) as epoch seconds."""
-    path = f"metadata.annotations[{TRIGGER_TIME_ANNOTATION}]"
+    path = f"metadata.annotations[{_TRIGGER_TIME_ANNOTATION}]"
     annotations = _map_at(meta, "annotations", "metadata.annotations", report)
-    value = annotations.get(TRIGGER_TIME_ANNOTATION)
+    value = annotations.get(_TRIGGER_TIME_ANNOTATION)
     if value is None:
         return None
     if isinstance(value, str) and _RFC3339.fullmatch(value):
@@ -814,7 +814,7 @@ def _node_pod_cidrs(spec: Mapping[str, Any], report: _Report) -> tuple[str, ...]
 
 def _has_autoscaler_taint(spec: Mapping[str, Any], report: _Report) -> bool:
     for taint in _list_at(spec, "taints", "spec.taints", report):
-        if isinstance(taint, Mapping) and taint.get("key") == AUTOSCALER_TAINT:
+        if isinstance(taint, Mapping) and taint.get("key") == _AUTOSCALER_TAINT:
             return True
     return False
 

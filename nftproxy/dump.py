@@ -118,16 +118,33 @@ def _cascade(rules: Sequence[Mapping[str, Any]], parsed: _Parsed) -> list[Endpoi
         target = next((e["goto"]["target"] for e in exprs if "goto" in e), None)
         if not target or not target.startswith("KUBE-SEP-"):
             continue
-        if any("match" in e and isinstance(e["match"]["right"], str)
-               and e["match"]["right"].startswith("@") for e in exprs):
+        if any(
+            "match" in e
+            and isinstance(e["match"]["right"], str)
+            and e["match"]["right"].startswith("@")
+            for e in exprs
+        ):
             continue
-        mod = next((e["match"]["left"]["numgen"]["mod"] for e in exprs
-                    if "match" in e and isinstance(e["match"]["left"], dict)
-                    and "numgen" in e["match"]["left"]), 1)
+        mod = next(
+            (
+                e["match"]["left"]["numgen"]["mod"]
+                for e in exprs
+                if "match" in e
+                and isinstance(e["match"]["left"], dict)
+                and "numgen" in e["match"]["left"]
+            ),
+            1,
+        )
         share = remaining / mod
         remaining -= share
-        out.append(EndpointView(_dnat_address(parsed.chains.get(target, [])), target,
-                                round(share, 4), packets=_counter(rule)))
+        out.append(
+            EndpointView(
+                _dnat_address(parsed.chains.get(target, [])),
+                target,
+                round(share, 4),
+                packets=_counter(rule),
+            )
+        )
     return out
 
 
@@ -149,8 +166,13 @@ def _counter(rule: Mapping[str, Any]) -> int | None:
 
 def _collect(parsed: _Parsed, family: str) -> dict[tuple[str, str], ServiceView]:
     views: dict[tuple[str, str], ServiceView] = {}
-    for set_name in (sk.SERVICE_IPS, sk.SERVICE_NODEPORTS, sk.NO_ENDPOINT_SERVICES,
-                     sk.NO_ENDPOINT_NODEPORTS, sk.FIREWALL_IPS):
+    for set_name in (
+        sk.SERVICE_IPS,
+        sk.SERVICE_NODEPORTS,
+        sk.NO_ENDPOINT_SERVICES,
+        sk.NO_ENDPOINT_NODEPORTS,
+        sk.FIREWALL_IPS,
+    ):
         for elem in parsed.sets.get(set_name, {}).get("elem", []):
             key, comment, verdict = _elem_parts(elem)
             if not comment:
@@ -160,6 +182,8 @@ def _collect(parsed: _Parsed, family: str) -> dict[tuple[str, str], ServiceView]
             where = f"{key[0]}:{key[2]}" if len(key) == 3 else f"nodePort {key[1]}"
             if set_name == sk.SERVICE_IPS:
                 view.vips.append(where)
+                if _target(verdict).startswith("goto KUBE-SVL-"):
+                    view.policies["internalTrafficPolicy"] = "Local"
             elif set_name == sk.SERVICE_NODEPORTS:
                 view.node_port = int(key[1])
             elif set_name == sk.FIREWALL_IPS:
@@ -173,9 +197,16 @@ def _fill(view: ServiceView, parsed: _Parsed) -> None:
     spn = _spn(view.service, view.protocol)
     if spn is None:
         return
-    view.chains = [c for c in (names.service_chain(spn), names.local_chain(spn),
-                               names.external_chain(spn), names.firewall_chain(spn))
-                   if c in parsed.chains]
+    view.chains = [
+        c
+        for c in (
+            names.service_chain(spn),
+            names.local_chain(spn),
+            names.external_chain(spn),
+            names.firewall_chain(spn),
+        )
+        if c in parsed.chains
+    ]
     view.endpoints = _cascade(parsed.chains.get(names.service_chain(spn), []), parsed)
     view.local_endpoints = _cascade(parsed.chains.get(names.local_chain(spn), []), parsed)
     view.chains += sorted({e.chain for e in (*view.endpoints, *view.local_endpoints)})
@@ -185,8 +216,6 @@ def _fill(view: ServiceView, parsed: _Parsed) -> None:
     if ext is not None:
         local = any("fib" in str(r.get("expr")) for r in ext)
         view.policies["externalTrafficPolicy"] = "Local" if local else "Cluster"
-    if names.local_chain(spn) in parsed.chains and not view.policies.get("externalTrafficPolicy") == "Local":
-        view.policies["internalTrafficPolicy"] = "Local"
     for ep in (*view.endpoints, *view.local_endpoints):
         aff = parsed.sets.get(ep.chain + "-affinity")
         if aff is not None:
@@ -201,13 +230,15 @@ def _range_text(r: Any) -> str:
     return str(r)
 
 
-def parse_table(doc: Mapping[str, Any], *, family: str, table: str,
-                service: str | None = None) -> TableView:
+def parse_table(
+    doc: Mapping[str, Any], *, family: str, table: str, service: str | None = None
+) -> TableView:
     """Per-service view of one listed table (`service`: "ns/name" filter)."""
     parsed = _objects(doc)
     views = _collect(parsed, family)
-    selected = [v for (c, _), v in sorted(views.items())
-                if service is None or c.split(":")[0] == service]
+    selected = [
+        v for (c, _), v in sorted(views.items()) if service is None or c.split(":")[0] == service
+    ]
     for view in selected:
         _fill(view, parsed)
     n_rules = sum(len(r) for r in parsed.chains.values())
@@ -216,8 +247,10 @@ def parse_table(doc: Mapping[str, Any], *, family: str, table: str,
 
 
 def render_text(view: TableView) -> str:
-    lines = [f"table {view.family} {view.table}: {view.chains} chains, {view.rules} rules, "
-             f"{view.elements} set/map elements"]
+    lines = [
+        f"table {view.family} {view.table}: {view.chains} chains, {view.rules} rules, "
+        f"{view.elements} set/map elements"
+    ]
     for s in view.services:
         lines.append(f"  {s.service} ({s.protocol})")
         if s.vips:

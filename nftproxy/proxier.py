@@ -27,8 +27,16 @@ from nftproxy.config import ProxyConfig
 from nftproxy.model import IPFamily, NodeInfo, ServicePortName, family_of
 from nftproxy.nft.errors import NftBusy, NftError
 from nftproxy.nft.ops import Table
-from nftproxy.nft.plan import SKELETON, KernelTable, Owner, Staged, TableState
-from nftproxy.nft.plan import stage_full, stage_gc, stage_partial
+from nftproxy.nft.plan import (
+    SKELETON,
+    KernelTable,
+    Owner,
+    Staged,
+    TableState,
+    stage_full,
+    stage_gc,
+    stage_partial,
+)
 from nftproxy.rules.detect import local_detector
 from nftproxy.rules.fragment import Fragment
 from nftproxy.rules.service import RenderContext, render_service_port
@@ -120,7 +128,10 @@ class Proxier:
         self._sync_lock = threading.Lock()
         self._inputs = _Inputs()
         self._families = {
-            f: _Family(ProxyState(f, config.node_name), TableState(f, Table(f.nft_family, config.table_name)))
+            f: _Family(
+                ProxyState(f, config.node_name),
+                TableState(f, Table(f.nft_family, config.table_name)),
+            )
             for f in FAMILIES
         }
         self._defer_deletes = False
@@ -135,13 +146,17 @@ class Proxier:
 
     def on_service(self, previous: Obj | None, current: Obj | None) -> None:
         with self._lock:
-            pending = [f.state.service_tracker.update(previous, current) for f in self._families.values()]
+            pending = [
+                f.state.service_tracker.update(previous, current) for f in self._families.values()
+            ]
         if any(pending):
             self._changed()
 
     def on_endpoint_slice(self, previous: Obj | None, current: Obj | None) -> None:
         with self._lock:
-            pending = [f.state.endpoint_tracker.update(previous, current) for f in self._families.values()]
+            pending = [
+                f.state.endpoint_tracker.update(previous, current) for f in self._families.values()
+            ]
         if any(pending):
             self._changed()
 
@@ -190,8 +205,10 @@ class Proxier:
             name=base.name or self.config.node_name,
             ipv4=v4 + tuple(ip for ip in base.ipv4 if ip not in v4),
             ipv6=v6 + tuple(ip for ip in base.ipv6 if ip not in v6),
-            labels=base.labels, pod_cidrs=base.pod_cidrs,
-            deleting=base.deleting, to_be_deleted=base.to_be_deleted,
+            labels=base.labels,
+            pod_cidrs=base.pod_cidrs,
+            deleting=base.deleting,
+            to_be_deleted=base.to_be_deleted,
         )
 
     def table_state(self, family: IPFamily) -> TableState:
@@ -241,16 +258,19 @@ class Proxier:
         self._commit(commands, staged, full=full)
         end = self.clock()
         report = SyncReport(
-            full=full, ops=len(commands),
+            full=full,
+            ops=len(commands),
             families=tuple(self._family_report(f, updates[f]) for f in FAMILIES),
-            render_seconds=t_commit - t_render, commit_seconds=end - t_commit,
+            render_seconds=t_commit - t_render,
+            commit_seconds=end - t_commit,
             total_seconds=end - start,
         )
         self._run_hooks(report)
         return report
 
-    def _commit(self, commands: list[Mapping[str, object]], staged: Mapping[IPFamily, Staged],
-                *, full: bool) -> None:
+    def _commit(
+        self, commands: list[Mapping[str, object]], staged: Mapping[IPFamily, Staged], *, full: bool
+    ) -> None:
         try:
             self.backend.commit(commands)
         except NftBusy:
@@ -274,8 +294,11 @@ class Proxier:
             self._last_full = self.clock()
 
     def _collect_garbage(self) -> None:
-        gcs = [stage_gc(fam.table) for fam in self._families.values()
-               if fam.table.stale_chains or fam.table.stale_sets]
+        gcs = [
+            stage_gc(fam.table)
+            for fam in self._families.values()
+            if fam.table.stale_chains or fam.table.stale_sets
+        ]
         commands = [c for s in gcs for c in s.commands]
         if not commands:
             return
@@ -288,17 +311,25 @@ class Proxier:
         for s in gcs:
             s.commit()
 
-    def _stage(self, full: bool, updates: Mapping[IPFamily, UpdateResult], *,
-               listing: bool) -> dict[IPFamily, Staged]:
+    def _stage(
+        self, full: bool, updates: Mapping[IPFamily, UpdateResult], *, listing: bool
+    ) -> dict[IPFamily, Staged]:
         node = self.node()
         out: dict[IPFamily, Staged] = {}
         for family, fam in self._families.items():
-            ctx = RenderContext(family, self.config, node, local_detector(family, self.config, node))
+            ctx = RenderContext(
+                family, self.config, node, local_detector(family, self.config, node)
+            )
             if full:
                 desired = self._render_all(fam, ctx)
-                kernel = (self.backend.kernel_table(family.nft_family, self.config.table_name)
-                          if listing else None)
-                out[family] = stage_full(fam.table, kernel, desired, defer_deletes=self._defer_deletes)
+                kernel = (
+                    self.backend.kernel_table(family.nft_family, self.config.table_name)
+                    if listing
+                    else None
+                )
+                out[family] = stage_full(
+                    fam.table, kernel, desired, defer_deletes=self._defer_deletes
+                )
             else:
                 changed = self._render_changed(fam, ctx, updates[family].updated)
                 out[family] = stage_partial(fam.table, changed, defer_deletes=self._defer_deletes)
@@ -308,7 +339,9 @@ class Proxier:
         cidrs = tuple(c for c in self._inputs.service_cidrs if family_of(c) is ctx.family)
         return render_skeleton(ctx.family, self.config, ctx.node, cidrs)
 
-    def _render_port(self, fam: _Family, spn: ServicePortName, ctx: RenderContext) -> Fragment | None:
+    def _render_port(
+        self, fam: _Family, spn: ServicePortName, ctx: RenderContext
+    ) -> Fragment | None:
         port = fam.state.services.get(spn)
         if port is None:
             fam.no_local.pop(spn, None)
@@ -326,8 +359,9 @@ class Proxier:
                 desired[spn] = fragment
         return desired
 
-    def _render_changed(self, fam: _Family, ctx: RenderContext,
-                        updated: frozenset[ServicePortName]) -> dict[Owner, Fragment | None]:
+    def _render_changed(
+        self, fam: _Family, ctx: RenderContext, updated: frozenset[ServicePortName]
+    ) -> dict[Owner, Fragment | None]:
         return {spn: self._render_port(fam, spn, ctx) for spn in sorted(updated)}
 
     def _family_report(self, family: IPFamily, update: UpdateResult) -> FamilySync:

@@ -132,7 +132,9 @@ class TableState:
             self.fragments[owner] = fragment
             self.chains.update((c.name, c) for c in fragment.chains)
             self.sets.update((s.name, s) for s in fragment.sets)
-        self.index.replace(owner, old.elements if old else (), fragment.elements if fragment else ())
+        self.index.replace(
+            owner, old.elements if old else (), fragment.elements if fragment else ()
+        )
 
 
 @dataclass
@@ -191,8 +193,14 @@ def _add_set(b: _Batch, t: Table, decl: SetDecl) -> None:
     b.add_sets += t.add_set_elements(decl.name, decl.elements)
 
 
-def _diff_sets(b: _Batch, t: Table, old: Mapping[str, SetDecl], new: Mapping[str, SetDecl],
-               stale_sets: dict[str, bool], defer: bool) -> set[str]:
+def _diff_sets(
+    b: _Batch,
+    t: Table,
+    old: Mapping[str, SetDecl],
+    new: Mapping[str, SetDecl],
+    stale_sets: dict[str, bool],
+    defer: bool,
+) -> set[str]:
     """Emit set changes; returns the names of re-declared sets."""
     redeclared: set[str] = set()
     for name, decl in new.items():
@@ -222,8 +230,15 @@ def _refs(chain: Chain, set_names: set[str]) -> bool:
     return any("@" + s in text for s in set_names)
 
 
-def _diff_chains(b: _Batch, state: TableState, old: Fragment | None, new: Fragment | None,
-                 redeclared: set[str], stale: set[str], defer: bool) -> None:
+def _diff_chains(
+    b: _Batch,
+    state: TableState,
+    old: Fragment | None,
+    new: Fragment | None,
+    redeclared: set[str],
+    stale: set[str],
+    defer: bool,
+) -> None:
     t = state.table
     old_chains = {c.name: c for c in old.chains} if old else {}
     for chain in new.chains if new else ():
@@ -240,17 +255,22 @@ def _diff_chains(b: _Batch, state: TableState, old: Fragment | None, new: Fragme
             _remove_chain(b, t, name, defer=defer, stale=stale)
 
 
-def _diff_elements(b: _Batch, index: ElementIndex,
-                   changes: Mapping[Owner, tuple[Fragment | None, Fragment | None]]) -> int:
+def _diff_elements(
+    b: _Batch, index: ElementIndex, changes: Mapping[Owner, tuple[Fragment | None, Fragment | None]]
+) -> int:
     """Resolve claims of the changed owners against everyone's; emit the
     effective changes. Returns the number of element changes."""
     touched: dict[ElemId, dict[Owner, Element]] = {}
     for owner, (old, new) in changes.items():
         for e in old.elements if old else ():
-            claims = touched.setdefault((e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), {})))
+            claims = touched.setdefault(
+                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), {}))
+            )
             claims.pop(owner, None)
         for e in new.elements if new else ():
-            claims = touched.setdefault((e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), {})))
+            claims = touched.setdefault(
+                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), {}))
+            )
             claims[owner] = e
     n = 0
     for elem_id, claims in touched.items():
@@ -266,16 +286,24 @@ def _diff_elements(b: _Batch, index: ElementIndex,
     return n
 
 
-def stage_partial(state: TableState, desired: Mapping[Owner, Fragment | None], *,
-                  defer_deletes: bool = False) -> Staged:
+def stage_partial(
+    state: TableState, desired: Mapping[Owner, Fragment | None], *, defer_deletes: bool = False
+) -> Staged:
     """Plan the changes of the owners in `desired` (None = owner gone)."""
-    changes = {o: (state.fragments.get(o), f) for o, f in desired.items()
-               if state.fragments.get(o) != f}
+    changes = {
+        o: (state.fragments.get(o), f) for o, f in desired.items() if state.fragments.get(o) != f
+    }
     b = _Batch()
     stale, stale_sets = set(state.stale_chains), dict(state.stale_sets)
     for old, new in changes.values():
-        redeclared = _diff_sets(b, state.table, {s.name: s for s in old.sets} if old else {},
-                                {s.name: s for s in new.sets} if new else {}, stale_sets, defer_deletes)
+        redeclared = _diff_sets(
+            b,
+            state.table,
+            {s.name: s for s in old.sets} if old else {},
+            {s.name: s for s in new.sets} if new else {},
+            stale_sets,
+            defer_deletes,
+        )
         _diff_chains(b, state, old, new, redeclared, stale, defer_deletes)
     n_elems = _diff_elements(b, state.index, changes)
     commands = b.commands(state.table)
@@ -288,8 +316,14 @@ def stage_partial(state: TableState, desired: Mapping[Owner, Fragment | None], *
     return Staged(commands, record, {"owners": len(changes), "elements": n_elems})
 
 
-def _full_sets(b: _Batch, t: Table, kernel: KernelTable, desired: Mapping[str, SetDecl],
-               stale_sets: dict[str, bool], defer: bool) -> None:
+def _full_sets(
+    b: _Batch,
+    t: Table,
+    kernel: KernelTable,
+    desired: Mapping[str, SetDecl],
+    stale_sets: dict[str, bool],
+    defer: bool,
+) -> None:
     for name, ks in kernel.sets.items():
         decl = desired.get(name)
         if decl is None:
@@ -305,8 +339,14 @@ def _full_sets(b: _Batch, t: Table, kernel: KernelTable, desired: Mapping[str, S
         _add_set(b, t, decl)
 
 
-def _full_chains(b: _Batch, t: Table, kernel: KernelTable, desired: Mapping[str, Chain],
-                 stale: set[str], defer: bool) -> None:
+def _full_chains(
+    b: _Batch,
+    t: Table,
+    kernel: KernelTable,
+    desired: Mapping[str, Chain],
+    stale: set[str],
+    defer: bool,
+) -> None:
     for name, hook in kernel.chains.items():
         chain = desired.get(name)
         if chain is None:
@@ -318,8 +358,13 @@ def _full_chains(b: _Batch, t: Table, kernel: KernelTable, desired: Mapping[str,
         _write_chain(b, t, chain, exists=exists)
 
 
-def stage_full(state: TableState, kernel: KernelTable | None,
-               desired: Mapping[Owner, Fragment], *, defer_deletes: bool = False) -> Staged:
+def stage_full(
+    state: TableState,
+    kernel: KernelTable | None,
+    desired: Mapping[Owner, Fragment],
+    *,
+    defer_deletes: bool = False,
+) -> Staged:
     """Rebuild the whole table: everything desired is (re)written, everything
     else the kernel holds in our table is flushed and deleted."""
     fresh = TableState(state.family, state.table)
@@ -338,7 +383,10 @@ def stage_full(state: TableState, kernel: KernelTable | None,
     def record() -> None:
         state.fragments, state.chains, state.sets = fresh.fragments, fresh.chains, fresh.sets
         state.index, state.stale_chains, state.stale_sets = (
-            fresh.index, fresh.stale_chains, fresh.stale_sets)
+            fresh.index,
+            fresh.stale_chains,
+            fresh.stale_sets,
+        )
 
     counts = {"owners": len(desired), "elements": len(fresh.index.claims)}
     return Staged(commands, record, counts)

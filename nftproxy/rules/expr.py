@@ -69,7 +69,9 @@ def _addrs(values: Sequence[str]) -> Any:
     return items[0] if len(items) == 1 else {"set": items}
 
 
-def addr_match(family: IPFamily, field: str, values: Sequence[str], *, negate: bool = False) -> Json:
+def addr_match(
+    family: IPFamily, field: str, values: Sequence[str], *, negate: bool = False
+) -> Json:
     """`ip saddr 10.0.0.0/8`, `ip6 daddr != { a, b }`."""
     return _match(_payload(_ip(family), field), _addrs(values), "!=" if negate else "==")
 

@@ -58,7 +58,9 @@ class PortPlan:
     @property
     def internal_chain(self) -> str:
         spn = self.port.name
-        return names.local_chain(spn) if self.port.internal_policy_local else names.service_chain(spn)
+        return (
+            names.local_chain(spn) if self.port.internal_policy_local else names.service_chain(spn)
+        )
 
     @property
     def internal_verdict(self) -> Verdict:
@@ -123,8 +125,10 @@ def _external_elements(p: PortPlan) -> list[Element]:
             out.append(Element(sk.NO_ENDPOINT_SERVICES, key, p.external_verdict, label))
     if p.uses_fw_chain:
         fw = Verdict("goto", names.firewall_chain(port.name))
-        out += [Element(sk.FIREWALL_IPS, _key(ip, port, port.port), fw, label)
-                for ip in port.load_balancer_vips]
+        out += [
+            Element(sk.FIREWALL_IPS, _key(ip, port, port.port), fw, label)
+            for ip in port.load_balancer_vips
+        ]
     return out
 
 
@@ -152,8 +156,10 @@ def _masquerade_rule(p: PortPlan, ctx: RenderContext) -> list[Rule]:
         source = ctx.detector.if_not_local
     else:
         return []
-    dst = (expr.addr_match(ctx.family, "daddr", (port.cluster_ip,)),
-           expr.port_match(port.protocol, port.port))
+    dst = (
+        expr.addr_match(ctx.family, "daddr", (port.cluster_ip,)),
+        expr.port_match(port.protocol, port.port),
+    )
     return [Rule((*dst, *source, expr.jump(sk.MARK_MASQ)), f"{port.name} cluster IP")]
 
 
@@ -164,8 +170,12 @@ def _chooser_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderCont
     if p.port.affinity:
         for ep in endpoints:
             lookup = expr.set_lookup(ctx.family, "saddr", names.affinity_set(spn, ep))
-            rules.append(Rule((lookup, expr.goto(names.endpoint_chain(spn, ep))),
-                              f"{label} -> {ep.address} affinity"))
+            rules.append(
+                Rule(
+                    (lookup, expr.goto(names.endpoint_chain(spn, ep))),
+                    f"{label} -> {ep.address} affinity",
+                )
+            )
     n = len(endpoints)
     for i, ep in enumerate(endpoints):
         target = expr.goto(names.endpoint_chain(spn, ep))
@@ -195,13 +205,18 @@ def _external_chain(p: PortPlan, ctx: RenderContext) -> list[Chain]:
     spn, label = p.port.name, str(p.port.name)
     svc = expr.goto(names.service_chain(spn))
     if not p.port.external_policy_local:
-        rules = [Rule((expr.jump(sk.MARK_MASQ),), f"masquerade traffic for {label} external destinations"),
-                 Rule((svc,))]
+        rules = [
+            Rule(
+                (expr.jump(sk.MARK_MASQ),), f"masquerade traffic for {label} external destinations"
+            ),
+            Rule((svc,)),
+        ]
         return [Chain(names.external_chain(spn), tuple(rules))]
     rules = []
     if ctx.detector is not None:
-        rules.append(Rule((*ctx.detector.if_local, svc),
-                          f"pod traffic for {label} external destinations"))
+        rules.append(
+            Rule((*ctx.detector.if_local, svc), f"pod traffic for {label} external destinations")
+        )
     local_src = expr.fib_local("saddr")
     rules += [
         Rule((local_src, expr.jump(sk.MARK_MASQ)), f"masquerade LOCAL traffic for {label}"),
@@ -221,12 +236,20 @@ def _firewall(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[SetDec
     port, family = p.port, ctx.family
     ranges = list(port.load_balancer_source_ranges)
     if _contains_any(ranges, ctx.node.ips_of(family)):
-        ranges += [f"{ip}/{32 if family is IPFamily.IPV4 else 128}" for ip in port.load_balancer_vips]
+        ranges += [
+            f"{ip}/{32 if family is IPFamily.IPV4 else 128}" for ip in port.load_balancer_vips
+        ]
     set_name = names.firewall_set(port.name)
-    decl = SetDecl(set_name, (sk.addr_type(family),), flags=("interval",),
-                   elements=tuple(expr.prefix(r) for r in _merge(ranges)))
-    rule = Rule((expr.set_lookup(family, "saddr", set_name, negate=True), expr.drop()),
-                f"{port.name} loadBalancerSourceRanges")
+    decl = SetDecl(
+        set_name,
+        (sk.addr_type(family),),
+        flags=("interval",),
+        elements=tuple(expr.prefix(r) for r in _merge(ranges)),
+    )
+    rule = Rule(
+        (expr.set_lookup(family, "saddr", set_name, negate=True), expr.drop()),
+        f"{port.name} loadBalancerSourceRanges",
+    )
     return [Chain(names.firewall_chain(port.name), (rule,))], [decl]
 
 
@@ -237,8 +260,14 @@ def _contains_any(cidrs: Sequence[str], ips: Sequence[str]) -> bool:
 
 def _merge(cidrs: Sequence[str]) -> list[str]:
     """Collapse overlapping ranges: an interval set refuses overlaps."""
-    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
-    return [str(n) for n in ipaddress.collapse_addresses(nets)]  # type: ignore[arg-type]
+    v4 = [n for n in map(_net, cidrs) if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in map(_net, cidrs) if isinstance(n, ipaddress.IPv6Network)]
+    merged = [*ipaddress.collapse_addresses(v4), *ipaddress.collapse_addresses(v6)]
+    return [str(n) for n in merged]
+
+
+def _net(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    return ipaddress.ip_network(cidr, strict=False)
 
 
 def _endpoint_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[SetDecl]]:
@@ -247,12 +276,23 @@ def _endpoint_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list
     sets: list[SetDecl] = []
     for ep in p.cats.reachable:
         label = f"{spn} -> {ep.address}"
-        rules = [Rule((expr.addr_match(ctx.family, "saddr", (ep.ip,)), expr.jump(sk.MARK_MASQ)),
-                      f"{label} hairpin")]
+        rules = [
+            Rule(
+                (expr.addr_match(ctx.family, "saddr", (ep.ip,)), expr.jump(sk.MARK_MASQ)),
+                f"{label} hairpin",
+            )
+        ]
         if port.affinity:
             aff = names.affinity_set(spn, ep)
-            sets.append(SetDecl(aff, (sk.addr_type(ctx.family),), flags=("timeout",),
-                                timeout=port.affinity_timeout, dynamic=True))
+            sets.append(
+                SetDecl(
+                    aff,
+                    (sk.addr_type(ctx.family),),
+                    flags=("timeout",),
+                    timeout=port.affinity_timeout,
+                    dynamic=True,
+                )
+            )
             rules.append(Rule((expr.set_update(ctx.family, aff),)))
         rules.append(Rule((expr.l4proto(port.protocol), expr.dnat(ep.ip, ep.port)), label))
         chains.append(Chain(names.endpoint_chain(spn, ep), tuple(rules)))

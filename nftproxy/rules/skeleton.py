@@ -23,8 +23,8 @@ from nftproxy.rules import expr
 from nftproxy.rules.fragment import BaseHook, Chain, Fragment, Json, Rule, SetDecl
 
 __all__ = [
-    "CLUSTER_IPS_CHECK",
     "CLUSTER_IPS",
+    "CLUSTER_IPS_CHECK",
     "EXTERNAL_SERVICES",
     "FIREWALL_CHECK",
     "FIREWALL_IPS",
@@ -79,25 +79,43 @@ def _rule(*statements: Json, comment: str | None = None) -> Rule:
 def _base_chains() -> tuple[Chain, ...]:
     new = expr.ct_state("new")
     return (
-        Chain("filter-prerouting-pre-dnat", (_rule(new, expr.jump(FIREWALL_CHECK)),),
-              BaseHook("filter", "prerouting", -110)),
-        Chain("filter-output-pre-dnat", (_rule(new, expr.jump(FIREWALL_CHECK)),),
-              BaseHook("filter", "output", -110)),
+        Chain(
+            "filter-prerouting-pre-dnat",
+            (_rule(new, expr.jump(FIREWALL_CHECK)),),
+            BaseHook("filter", "prerouting", -110),
+        ),
+        Chain(
+            "filter-output-pre-dnat",
+            (_rule(new, expr.jump(FIREWALL_CHECK)),),
+            BaseHook("filter", "output", -110),
+        ),
         Chain("nat-prerouting", (_rule(expr.jump(SERVICES)),), BaseHook("nat", "prerouting", -100)),
         Chain("nat-output", (_rule(expr.jump(SERVICES)),), BaseHook("nat", "output", -100)),
-        Chain("filter-input", (_rule(new, expr.jump(EXTERNAL_SERVICES)),),
-              BaseHook("filter", "input", 0)),
-        Chain("filter-forward", (
-            _rule(new, expr.jump(EXTERNAL_SERVICES)),
-            _rule(new, expr.jump(CLUSTER_IPS_CHECK)),
-            _rule(expr.jump(FORWARD)),
-        ), BaseHook("filter", "forward", 0)),
-        Chain("filter-output", (
-            _rule(new, expr.jump(EXTERNAL_SERVICES)),
-            _rule(new, expr.jump(CLUSTER_IPS_CHECK)),
-        ), BaseHook("filter", "output", 0)),
-        Chain("nat-postrouting", (_rule(expr.jump(POSTROUTING)),),
-              BaseHook("nat", "postrouting", 100)),
+        Chain(
+            "filter-input",
+            (_rule(new, expr.jump(EXTERNAL_SERVICES)),),
+            BaseHook("filter", "input", 0),
+        ),
+        Chain(
+            "filter-forward",
+            (
+                _rule(new, expr.jump(EXTERNAL_SERVICES)),
+                _rule(new, expr.jump(CLUSTER_IPS_CHECK)),
+                _rule(expr.jump(FORWARD)),
+            ),
+            BaseHook("filter", "forward", 0),
+        ),
+        Chain(
+            "filter-output",
+            (
+                _rule(new, expr.jump(EXTERNAL_SERVICES)),
+                _rule(new, expr.jump(CLUSTER_IPS_CHECK)),
+            ),
+            BaseHook("filter", "output", 0),
+        ),
+        Chain(
+            "nat-postrouting", (_rule(expr.jump(POSTROUTING)),), BaseHook("nat", "postrouting", 100)
+        ),
     )
 
 
@@ -114,27 +132,52 @@ def _dispatch_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]
     daddr_key = expr.concat_daddr_proto_dport(family)
     nodeport_dst = _nodeport_address_match(family, config)
     return (
-        Chain(SERVICES, (
-            _rule(expr.vmap(daddr_key, SERVICE_IPS),
-                  comment="ClusterIP, ExternalIP and LoadBalancer IP traffic"),
-            _rule(*nodeport_dst, expr.goto(NODEPORTS), comment="NodePort traffic (must be last)"),
-        )),
+        Chain(
+            SERVICES,
+            (
+                _rule(
+                    expr.vmap(daddr_key, SERVICE_IPS),
+                    comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
+                ),
+                _rule(
+                    *nodeport_dst, expr.goto(NODEPORTS), comment="NodePort traffic (must be last)"
+                ),
+            ),
+        ),
         Chain(NODEPORTS, (_rule(expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS)),)),
-        Chain(FIREWALL_CHECK, (
-            _rule(expr.vmap(daddr_key, FIREWALL_IPS), comment="loadBalancerSourceRanges"),
-        )),
-        Chain(EXTERNAL_SERVICES, (
-            _rule(expr.vmap(daddr_key, NO_ENDPOINT_SERVICES),
-                  comment="services with no (local) endpoints"),
-            _rule(*nodeport_dst, expr.vmap(expr.concat_proto_dport(), NO_ENDPOINT_NODEPORTS),
-                  comment="node ports with no (local) endpoints"),
-        )),
-        Chain(CLUSTER_IPS_CHECK, (
-            _rule(expr.set_lookup(family, "daddr", CLUSTER_IPS), expr.goto(REJECT),
-                  comment="Reject traffic to invalid ports of ClusterIPs"),
-            _rule(expr.set_lookup(family, "daddr", SERVICE_CIDRS), expr.drop(),
-                  comment="Drop traffic to unallocated ClusterIPs"),
-        )),
+        Chain(
+            FIREWALL_CHECK,
+            (_rule(expr.vmap(daddr_key, FIREWALL_IPS), comment="loadBalancerSourceRanges"),),
+        ),
+        Chain(
+            EXTERNAL_SERVICES,
+            (
+                _rule(
+                    expr.vmap(daddr_key, NO_ENDPOINT_SERVICES),
+                    comment="services with no (local) endpoints",
+                ),
+                _rule(
+                    *nodeport_dst,
+                    expr.vmap(expr.concat_proto_dport(), NO_ENDPOINT_NODEPORTS),
+                    comment="node ports with no (local) endpoints",
+                ),
+            ),
+        ),
+        Chain(
+            CLUSTER_IPS_CHECK,
+            (
+                _rule(
+                    expr.set_lookup(family, "daddr", CLUSTER_IPS),
+                    expr.goto(REJECT),
+                    comment="Reject traffic to invalid ports of ClusterIPs",
+                ),
+                _rule(
+                    expr.set_lookup(family, "daddr", SERVICE_CIDRS),
+                    expr.drop(),
+                    comment="Drop traffic to unallocated ClusterIPs",
+                ),
+            ),
+        ),
     )
 
 
@@ -142,24 +185,34 @@ def _helper_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
     bit = config.masquerade_mark
     forward: list[Rule] = []
     if not config.conntrack.tcp_be_liberal:
-        forward.append(_rule(expr.ct_state("invalid"), expr.drop(),
-                             comment="drop conntrack INVALID packets"))
+        forward.append(
+            _rule(expr.ct_state("invalid"), expr.drop(), comment="drop conntrack INVALID packets")
+        )
     forward += [
         _rule(expr.mark_is_set(bit), expr.accept(), comment="forward marked for masquerade"),
-        _rule(expr.ct_state("established", "related"), expr.accept(),
-              comment="forward established connections"),
+        _rule(
+            expr.ct_state("established", "related"),
+            expr.accept(),
+            comment="forward established connections",
+        ),
     ]
     return (
-        Chain(REJECT, (
-            _rule(expr.l4proto(L4Protocol.TCP), expr.reject_tcp_reset()),
-            _rule(expr.reject_icmp(family)),
-        )),
+        Chain(
+            REJECT,
+            (
+                _rule(expr.l4proto(L4Protocol.TCP), expr.reject_tcp_reset()),
+                _rule(expr.reject_icmp(family)),
+            ),
+        ),
         Chain(MARK_MASQ, (_rule(expr.mark_set(bit)),)),
-        Chain(POSTROUTING, (
-            _rule(expr.mark_is_clear(bit), expr.ret()),
-            _rule(expr.mark_clear(bit)),
-            _rule(expr.masquerade()),
-        )),
+        Chain(
+            POSTROUTING,
+            (
+                _rule(expr.mark_is_clear(bit), expr.ret()),
+                _rule(expr.mark_clear(bit)),
+                _rule(expr.masquerade()),
+            ),
+        ),
         Chain(FORWARD, tuple(forward)),
     )
 
@@ -188,21 +241,45 @@ def _maps_and_sets(
     addr = addr_type(family)
     three = (addr, *_PROTO_PORT)
     return (
-        SetDecl(SERVICE_IPS, three, map="verdict",
-                comment="ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+        SetDecl(
+            SERVICE_IPS,
+            three,
+            map="verdict",
+            comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ),
         SetDecl(SERVICE_NODEPORTS, _PROTO_PORT, map="verdict", comment="NodePort traffic"),
-        SetDecl(NO_ENDPOINT_SERVICES, three, map="verdict",
-                comment="drop or reject services with no endpoints"),
-        SetDecl(NO_ENDPOINT_NODEPORTS, _PROTO_PORT, map="verdict",
-                comment="drop or reject node ports with no endpoints"),
-        SetDecl(FIREWALL_IPS, three, map="verdict",
-                comment="destinations subject to loadBalancerSourceRanges"),
+        SetDecl(
+            NO_ENDPOINT_SERVICES,
+            three,
+            map="verdict",
+            comment="drop or reject services with no endpoints",
+        ),
+        SetDecl(
+            NO_ENDPOINT_NODEPORTS,
+            _PROTO_PORT,
+            map="verdict",
+            comment="drop or reject node ports with no endpoints",
+        ),
+        SetDecl(
+            FIREWALL_IPS,
+            three,
+            map="verdict",
+            comment="destinations subject to loadBalancerSourceRanges",
+        ),
         SetDecl(CLUSTER_IPS, (addr,), comment="Active ClusterIPs"),
-        SetDecl(NODEPORT_IPS, (addr,), elements=nodeport_ips(family, config, node),
-                comment="IPs that accept NodePort traffic"),
-        SetDecl(SERVICE_CIDRS, (addr,), flags=("interval",),
-                elements=tuple(expr.prefix(c) for c in service_cidrs),
-                comment="service CIDRs (ServiceCIDR objects)"),
+        SetDecl(
+            NODEPORT_IPS,
+            (addr,),
+            elements=nodeport_ips(family, config, node),
+            comment="IPs that accept NodePort traffic",
+        ),
+        SetDecl(
+            SERVICE_CIDRS,
+            (addr,),
+            flags=("interval",),
+            elements=tuple(expr.prefix(c) for c in service_cidrs),
+            comment="service CIDRs (ServiceCIDR objects)",
+        ),
     )
 
 

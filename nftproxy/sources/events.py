@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["ClusterEvents", "KIND_ENDPOINT_SLICES", "KIND_SERVICES", "Obj"]
+__all__ = ["KIND_ENDPOINT_SLICES", "KIND_SERVICES", "ClusterEvents", "Obj"]
 
 Obj = Mapping[str, Any]
 KIND_SERVICES = "services"

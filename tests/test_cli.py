@@ -1,0 +1,166 @@
+"""The `nftproxy` command line.
+
+Aspects: help for every subcommand; `sync --once --dry-run` prints the model
+of the sample cluster without root; configuration errors exit 2 with one line
+naming the field or flag; kernel commands refuse to run without root.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from nftproxy import cli
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "nftproxy" / "examples" / "cluster.yaml"
+COMMANDS = ["run", "sync", "dump", "cleanup", "demo"]
+
+
+@pytest.fixture(autouse=True)
+def _no_node_name_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+
+
+@pytest.fixture
+def not_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no seam for the euid yet: the check is one os.geteuid() call in cli.py
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+
+
+def dry_run(*extra: str) -> list[str]:
+    return ["sync", "--once", "--dry-run", "--source", str(EXAMPLE), *extra]
+
+
+@pytest.mark.parametrize("argv", [["--help"], *[[c, "--help"] for c in COMMANDS]], ids=str)
+def test_help_works_for_every_command(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: nftproxy")
+    if argv != ["--help"]:
+        assert "--node-name" in out and "--config" in out
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "commands" in capsys.readouterr().err
+
+
+def test_sync_dry_run_prints_the_sample_clusters_model(
+    capsys: pytest.CaptureFixture[str], not_root: None
+) -> None:
+    assert cli.main(dry_run()) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("dry run: 6 services, 8 endpoint slices")
+    assert "node demo-node: 192.168.50.1, fd00:50::1; zone zone-a" in out
+    assert "service CIDRs: 10.96.0.0/16, fd00:96::/112" in out
+
+    def row(service_port: str, family: str) -> str:
+        (line,) = [ln for ln in lines if ln.split()[:2] == [service_port, family]]
+        return line
+
+    web4 = row("demo/web:http", "IPv4")
+    assert "10.96.0.10" in web4 and "80/TCP" in web4
+    assert "3 (2 ready, 1 serving-terminating, 2 local)" in web4
+    assert "fd00:96::10" in row("demo/web:http", "IPv6")
+    assert "nodePort 30080" in row("demo/web-np:http", "IPv4")
+    local = row("demo/web-local:http", "IPv4")
+    assert "LB 192.168.60.10" in local and "eTP=Local" in local and "healthCheck=30500" in local
+    assert "2 (2 ready, 1 local)" in local
+    assert "affinity=ClientIP/600s" in row("demo/sticky:http", "IPv4")
+    assert "53/UDP" in row("demo/dns:dns", "IPv4")
+    assert "0 (rejects)" in row("demo/empty:http", "IPv4")
+
+
+def test_sync_dry_run_with_another_node_name_sees_no_local_endpoints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(dry_run("--node-name", "other-node")) == 0
+    out = capsys.readouterr().out
+    assert "node other-node: no Node object" in out
+    web = next(ln for ln in out.splitlines() if ln.startswith("demo/web:http "))
+    assert "1 local" in web  # 10.244.1.13 runs on other-node
+
+
+def test_sync_needs_once(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sync", "--dry-run", "--source", str(EXAMPLE)]) == 2
+    assert "--once is required" in capsys.readouterr().err
+
+
+def test_sync_with_a_broken_source_fails_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Service\nmetadata: [\n")
+    assert cli.main(["sync", "--once", "--dry-run", "--source", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"nftproxy: sync: {bad}:")
+    assert err.count("\n") == 1
+
+
+def test_a_config_file_error_exits_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "kp.yaml"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        "nftables:\n  masqueradeBit: 40\n"
+    )
+    assert cli.main(dry_run("--config", str(config))) == 2
+    err = capsys.readouterr().err
+    assert err == f"nftproxy: config: {config}: nftables.masqueradeBit: 40 is not in 0..31\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--masquerade-bit", "32"], "--masquerade-bit: 32 is not in 0..31"),
+        (["--sync-period", "30"], "--sync-period: invalid duration '30'"),
+        (["--cluster-cidr", "10.0.0.0/8,x"], "--cluster-cidr: 'x' is not a CIDR"),
+        (["--nodeport-addresses", "primary,10.0.0.0/8"], "--nodeport-addresses: 'primary'"),
+        (["--detect-local-mode", "BridgeInterface"], "--detect-local-mode: detectLocalMode"),
+    ],
+)
+def test_a_flag_error_exits_2_naming_the_flag(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(dry_run(*flags)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nftproxy: config: {message}")
+    assert err.count("\n") == 1
+
+
+def test_flags_override_the_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "kp.yaml"
+    config.write_text("kind: KubeProxyConfiguration\nhostnameOverride: other-node\n")
+    assert cli.main(dry_run("--config", str(config), "--node-name", "demo-node")) == 0
+    assert "node demo-node:" in capsys.readouterr().out
+
+
+def test_config_warnings_are_logged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = tmp_path / "kp.yaml"
+    config.write_text("kind: KubeProxyConfiguration\nmode: ipvs\n")
+    with caplog.at_level(logging.WARNING):
+        assert cli.main(dry_run("--config", str(config))) == 0
+    assert any("mode: 'ipvs' ignored" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run"], ["dump"], ["cleanup"], ["demo", "--once"], ["sync", "--once", "--source", "x.yaml"]],
+    ids=str,
+)
+def test_kernel_commands_need_root(
+    argv: list[str], not_root: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "needs root (CAP_NET_ADMIN)" in err
+    assert err.count("\n") == 1
+
