@@ -14,20 +14,25 @@ instead use the single Node object in the files when no name was given.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nftproxy.config import PRIMARY, DetectLocalMode, ProxyConfig
 from nftproxy.config_load import ConfigError, build_config, load_config_file, parse_duration
 from nftproxy.convert import node_info, service_cidrs, service_ports, slice_info
+from nftproxy.dump import parse_table, render_text
 from nftproxy.log import setup_logging
 from nftproxy.model import Endpoint, IPFamily, ServicePort, ServicePortName
-from nftproxy.sources.events import Obj
+from nftproxy.nft.backend import NftBackend
+from nftproxy.nft.errors import NftError
+from nftproxy.proxier import Backend, Proxier
+from nftproxy.sources.events import ClusterEvents, Obj
 from nftproxy.sources.file import FileSource, SourceError
 
 __all__ = ["build_parser", "main"]
@@ -227,22 +232,51 @@ def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
               file=sys.stderr)
         return 2
     if args.dry_run:
-        return _dry_run(args.source, config, out=sys.stdout)
-    if (rc := _needs_root("sync")) is not None:
-        return rc
-    return _not_implemented("sync")
+        if _dry_run(args.source, config, out=sys.stderr) != 0:
+            return 1
+        return _print_transaction(args.source, config, out=sys.stdout)
+    if (root := _needs_root("sync")) is not None:
+        return root
+    with NftBackend() as backend:
+        try:
+            proxier = _proxier_from_files(args.source, config, backend)
+            report = proxier.sync()
+        except (SourceError, NftError) as exc:
+            print(f"nftproxy: sync: {exc}", file=sys.stderr)
+            return 1
+    print(f"synced: {'full' if report.full else 'partial'}, {report.ops} commands, "
+          f"{report.total_seconds * 1000:.1f} ms", file=sys.stderr)
+    return 0
 
 
 def _cmd_dump(args: argparse.Namespace, config: ProxyConfig) -> int:
     if (rc := _needs_root("dump")) is not None:
         return rc
-    return _not_implemented("dump")
+    views = []
+    with NftBackend() as backend:
+        for family in ("ip", "ip6"):
+            doc = backend.list_table(family, config.table_name)
+            if doc is not None:
+                views.append(parse_table(doc, family=family, table=config.table_name,
+                                         service=args.service))
+    if not views:
+        print(f"nftproxy: dump: no table named {config.table_name!r} (ip or ip6): "
+              "nftproxy has not programmed this node", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([v.to_json() for v in views], indent=2))
+    else:
+        print("\n".join(render_text(v) for v in views))
+    return 0
 
 
 def _cmd_cleanup(args: argparse.Namespace, config: ProxyConfig) -> int:
     if (rc := _needs_root("cleanup")) is not None:
         return rc
-    return _not_implemented("cleanup")
+    with NftBackend() as backend:
+        backend.delete_tables(config.table_name)
+    print(f"deleted tables ip/ip6 {config.table_name} (if present)", file=sys.stderr)
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace, config: ProxyConfig) -> int:
@@ -278,6 +312,18 @@ class _Recorder:
 
     def on_synced(self, kind: str) -> None:
         self.synced.add(kind)
+
+    def replay(self, target: ClusterEvents) -> None:
+        """Deliver what was recorded to another handler, as a fresh source would."""
+        if self.node is not None:
+            target.on_node(self.node)
+        target.on_service_cidrs(self.cidrs)
+        for svc in self.services.values():
+            target.on_service(None, svc)
+        for eps in self.slices.values():
+            target.on_endpoint_slice(None, eps)
+        for kind in sorted(self.synced):
+            target.on_synced(kind)
 
 
 def _record(store: dict[tuple[str, str], Obj], previous: Obj | None, current: Obj | None) -> None:
@@ -318,6 +364,36 @@ def _dry_run(paths: Sequence[str], config: ProxyConfig, *, out: Any) -> int:
         _log.warning("%s", problem)
     print("\n".join(lines), file=out)
     return 0
+
+
+def _proxier_from_files(paths: Sequence[str], config: ProxyConfig, backend: Backend) -> Proxier:
+    """A Proxier fed once from the files. The node name must be known before
+    the trackers see endpoints (is_local), so the files are read first."""
+    recorder = _Recorder()
+    source = FileSource(paths, recorder, node_name=config.node_name)
+    source.load()
+    if not config.node_name and source.chosen_node_name:
+        config = replace(config, node_name=source.chosen_node_name)
+    proxier = Proxier(config, backend)
+    recorder.replay(proxier)
+    return proxier
+
+
+def _print_transaction(paths: Sequence[str], config: ProxyConfig, *, out: Any) -> int:
+    proxier = _proxier_from_files(paths, config, _NoKernel())
+    for command in proxier.plan_full():
+        print(json.dumps(command, separators=(",", ":")), file=out)
+    return 0
+
+
+class _NoKernel:
+    """A backend for dry runs: planning never reaches it."""
+
+    def commit(self, commands: Sequence[Mapping[str, object]]) -> None:
+        raise RuntimeError("dry run must not commit")
+
+    def list_table_objects(self, family: str, table: str) -> None:
+        return None
 
 
 def _node_lines(recorder: _Recorder, node_name: str, problems: list[Any]) -> list[str]:

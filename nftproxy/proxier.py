@@ -25,10 +25,12 @@ from typing import Protocol
 from nftproxy import convert
 from nftproxy.config import ProxyConfig
 from nftproxy.model import IPFamily, NodeInfo, ServicePortName, family_of
+from nftproxy.nft.backend import TableObjects
 from nftproxy.nft.errors import NftBusy, NftError
 from nftproxy.nft.ops import Table
 from nftproxy.nft.plan import (
     SKELETON,
+    KernelSet,
     KernelTable,
     Owner,
     Staged,
@@ -38,7 +40,7 @@ from nftproxy.nft.plan import (
     stage_partial,
 )
 from nftproxy.rules.detect import local_detector
-from nftproxy.rules.fragment import Fragment
+from nftproxy.rules.fragment import BaseHook, Fragment
 from nftproxy.rules.service import RenderContext, render_service_port
 from nftproxy.rules.skeleton import render_skeleton
 from nftproxy.sources.events import Obj
@@ -55,7 +57,20 @@ class Backend(Protocol):
 
     def commit(self, commands: Sequence[Mapping[str, object]]) -> None: ...
 
-    def kernel_table(self, family: str, table: str) -> KernelTable | None: ...
+    def list_table_objects(self, family: str, table: str) -> TableObjects | None: ...
+
+
+def kernel_table(objs: TableObjects | None) -> KernelTable | None:
+    """The planner's view of a listing: chain hooks and set declarations."""
+    if objs is None:
+        return None
+    chains = {
+        name: BaseHook(c.base.type, c.base.hook, c.base.prio, c.base.policy) if c.base else None
+        for name, c in objs.chains.items()
+    }
+    sets = {n: KernelSet(n, s.type, None, s.flags, s.timeout) for n, s in objs.sets.items()}
+    sets.update({n: KernelSet(n, m.type, m.map) for n, m in objs.maps.items()})
+    return KernelTable(chains, sets)
 
 
 @dataclass(frozen=True)
@@ -323,7 +338,9 @@ class Proxier:
             if full:
                 desired = self._render_all(fam, ctx)
                 kernel = (
-                    self.backend.kernel_table(family.nft_family, self.config.table_name)
+                    kernel_table(
+                        self.backend.list_table_objects(family.nft_family, self.config.table_name)
+                    )
                     if listing
                     else None
                 )

@@ -249,7 +249,7 @@ class EndpointSliceChangeTracker:
         known = pending.get(slice_name)
         if _same_content(known.info if known is not None else applied, info):
             return
-        if False:
+        if _same_content(applied, info):
             pending.pop(slice_name, None)
         else:
             times = known.trigger_times if known is not None else ()

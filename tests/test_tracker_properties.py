@@ -78,7 +78,7 @@ def slices(draw: st.DrawFn, name: str, family: IPFamily) -> Obj:
     meta: Obj = {
         "namespace": NAMESPACE,
         "name": name,
-        "labels": {"kubernetes.io/service-name": draw(st.sampled_from(["web", "web", "api"]))},
+        "labels": {"kubernetes.io/service-name": draw(st.sampled_from(["web", "web", "web", "api"]))},
     }
     if draw(st.booleans()):
         second = draw(st.integers(0, 59))
@@ -90,7 +90,7 @@ def slices(draw: st.DrawFn, name: str, family: IPFamily) -> Obj:
         "metadata": meta,
         "addressType": address_type,
         "ports": [{"name": n, "port": p + 1000, "protocol": proto} for n, p, proto in ports],
-        "endpoints": draw(st.lists(endpoints(ips), max_size=3)),
+        "endpoints": draw(st.lists(endpoints(ips), max_size=4)),
     }
 
 
@@ -105,10 +105,10 @@ class Step:
 @st.composite
 def steps(draw: st.DrawFn, family: IPFamily) -> Step:
     choice = draw(st.integers(0, 9))
-    deleted = draw(st.integers(0, 4)) == 0
+    deleted = draw(st.integers(0, 5)) == 0
     if choice <= 1:
         return Step(None)
-    if choice <= 3:
+    if choice <= 2:
         name = draw(st.sampled_from(SERVICES))
         return Step(("svc", name), None if deleted else draw(services(name)))
     name = draw(st.sampled_from(SLICES))
@@ -119,7 +119,7 @@ def steps(draw: st.DrawFn, family: IPFamily) -> Step:
 def scenarios(draw: st.DrawFn) -> tuple[IPFamily, list[Step]]:
     """A family and a history of events (with syncs) for a state of that family."""
     family = draw(st.sampled_from([IPFamily.IPV4, IPFamily.IPV6]))
-    return family, draw(st.lists(steps(family), max_size=30))
+    return family, draw(st.lists(steps(family), max_size=40))
 
 
 # ------------------------------------------------------------------- helpers

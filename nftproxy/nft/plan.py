@@ -206,7 +206,9 @@ def _diff_sets(
     for name, decl in new.items():
         prev = old.get(name)
         if prev is None:
-            stale_sets.pop(name, None)
+            if stale_sets.pop(name, None) is not None:
+                # A flushed leftover may be a kernel-"dynamic" set: re-create it.
+                b.del_sets.append(t.delete_set(name, is_map=bool(decl.map)))
             _add_set(b, t, decl)
         elif prev.declaration() != decl.declaration():
             redeclared.add(name)
@@ -324,6 +326,7 @@ def _full_sets(
     stale_sets: dict[str, bool],
     defer: bool,
 ) -> None:
+    kept: set[str] = set()
     for name, ks in kernel.sets.items():
         decl = desired.get(name)
         if decl is None:
@@ -333,10 +336,16 @@ def _full_sets(
                 b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
         elif not _same_declaration(decl, ks):
             b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
-        elif not decl.dynamic:
+        elif decl.dynamic:
+            # Keep it untouched, with its clients: re-adding it would fail with
+            # EEXIST, since the kernel made it "dynamic" when the update rule
+            # was added and 1.0.6 JSON cannot say "dynamic" (nft-python-notes §2).
+            kept.add(name)
+        else:
             b.flush.append(t.flush_set(decl))
     for decl in desired.values():
-        _add_set(b, t, decl)
+        if decl.name not in kept:
+            _add_set(b, t, decl)
 
 
 def _full_chains(
