@@ -206,7 +206,7 @@ class EndpointSliceChangeTracker:
     def _checkout_service(self, svc: NamespacedName) -> EndpointsChange:
         entries = self._pending[svc]
         applied = self._applied.setdefault(svc, {})
-        previous = merge_slices(applied.values())
+        previous = _merge_slices(applied.values())
         for name, entry in entries.items():
             if entry.info is None:
                 applied.pop(name, None)
@@ -217,7 +217,7 @@ class EndpointSliceChangeTracker:
         return EndpointsChange(
             service=svc,
             previous=previous,
-            current=merge_slices(applied.values()),
+            current=_merge_slices(applied.values()),
             trigger_times=tuple(sorted(t for e in entries.values() for t in e.trigger_times)),
             problems=tuple(p for e in entries.values() for p in e.problems),
             slice_changes=len(entries),
@@ -269,7 +269,7 @@ def _same_content(a: EndpointSliceInfo | None, b: EndpointSliceInfo | None) -> b
     return replace(a, trigger_time=None) == replace(b, trigger_time=None)
 
 
-def merge_slices(
+def _merge_slices(
     slices: Iterable[EndpointSliceInfo],
 ) -> dict[ServicePortName, tuple[Endpoint, ...]]:
     """One service's endpoints per port from all its slices.
@@ -425,7 +425,7 @@ class ProxyState:
                     self._endpoints[spn] = new
                 else:
                     self._endpoints.pop(spn, None)
-                gone = stale_endpoints(old, new)
+                gone = _stale_endpoints(old, new)
                 if gone:
                     stale[spn] = gone
                 if not _any_usable(old) and _any_usable(new):
@@ -433,7 +433,7 @@ class ProxyState:
         return _EndpointsApplied(frozenset(updated), stale, frozenset(newly_active), trigger_times)
 
 
-def stale_endpoints(old: Iterable[Endpoint], new: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
+def _stale_endpoints(old: Iterable[Endpoint], new: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
     """Old endpoints that flows may still reach though the rules no longer
     send traffic there: gone from the port (by ip:port), or no longer serving
     (kube-proxy's detectStaleConntrackEntries: a serving->not-serving endpoint

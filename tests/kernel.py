@@ -95,7 +95,8 @@ def unique_name(prefix: str = "nftpxt") -> str:
 
 def nft(ns: str, *args: str, stdin: str | None = None) -> str:
     """`nft args...` inside namespace `ns`; its stdout."""
-    return netns.exec_in(ns, ["nft", *args], input=stdin).stdout
+    out: str = netns.exec_in(ns, ["nft", *args], input=stdin).stdout
+    return out
 
 
 def host_nft(*args: str) -> str:

@@ -12,7 +12,6 @@ import os
 import socket
 from pathlib import Path
 
-import kernel
 import pytest
 
 from nftproxy import netns as netns_lib

@@ -137,6 +137,8 @@ class TableObjects:
         maps: dict[str, MapInfo] = {}
         for item in objects:
             for kind, obj in item.items():
+                if kind not in ("chain", "set", "map"):
+                    continue
                 if obj.get("family") != family or obj.get("table") != table:
                     continue
                 name = obj["name"]
@@ -300,6 +302,8 @@ class _ContextThread:
         self._netns = netns
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # no job may queue up behind the stop
+        self._stopped = False
 
     def start(self) -> None:
         ready: Future[None] = Future()
@@ -335,11 +339,18 @@ class _ContextThread:
 
     def call(self, fn: Callable[[Any], T]) -> T:
         future: Future[T] = Future()
-        self._jobs.put((fn, future))
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("NftBackend closed")
+            self._jobs.put((fn, future))
         return future.result()
 
     def stop(self) -> None:
-        self._jobs.put(None)
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._jobs.put(None)
         if self._thread is not None:
             self._thread.join()
 
@@ -643,7 +654,9 @@ class _Txn:
                 obj["policy"] = spec.get("policy", "accept")
             t.chains[name] = self._mine(_FChain(obj))
         elif base and not old.is_base:
-            raise _Refused(_EEXIST, f"regular chain {name} re-added as a base chain")
+            # nf_tables_updchain checks a policy before the hook (kernel 6.18)
+            errno_text = _EOPNOTSUPP if "policy" in spec else _EEXIST
+            raise _Refused(errno_text, f"regular chain {name} re-added as a base chain")
         elif base:
             have = (old.obj["type"], old.obj["hook"], old.obj["prio"])
             if have != (spec["type"], spec["hook"], spec["prio"]):

@@ -1,0 +1,160 @@
+"""KUBE-* names and comments (nftproxy.rules.names).
+
+Aspects:
+- chain names are kube-proxy's iptables-mode names, pinned from upstream's
+  own test vectors (pkg/proxy/iptables/proxier_test.go), so `nftproxy dump`
+  lines up with `iptables-save` from a kube-proxy node;
+- the hash input is spelled exactly: "ns/name[:port]" + lower-case protocol
+  [+ "ip:port" or "[ip]:port"];
+- comments always fit the kernel's 128-byte budget, stay readable and
+  distinguishable, and never split a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nftproxy.model import Endpoint, L4Protocol, ServicePortName
+from nftproxy.rules import names
+
+SVC1 = ServicePortName("ns1", "svc1", "p80", L4Protocol.TCP)
+
+
+def _b32_sha256(text: str) -> str:
+    """The hash kube-proxy's iptables mode uses, computed independently."""
+    return base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:16]
+
+
+@pytest.mark.parametrize(
+    ("chain", "expected"),
+    [
+        pytest.param(names.service_chain, "KUBE-SVC-XPGD46QRK7WJZT7O", id="service chain"),
+        pytest.param(names.external_chain, "KUBE-EXT-XPGD46QRK7WJZT7O", id="external chain"),
+        pytest.param(names.local_chain, "KUBE-SVL-XPGD46QRK7WJZT7O", id="local chain"),
+        pytest.param(names.firewall_chain, "KUBE-FW-XPGD46QRK7WJZT7O", id="firewall chain"),
+    ],
+)
+def test_ns1_svc1_p80_chains_carry_upstream_hash(
+    chain: Callable[[ServicePortName], str], expected: str
+) -> None:
+    assert chain(SVC1) == expected
+
+
+@pytest.mark.parametrize(
+    ("service", "expected"),
+    [
+        pytest.param(("ns2", "svc2"), "KUBE-SVC-GNZBNJ2PO5MGZ6GT", id="ns2/svc2:p80"),
+        pytest.param(("ns4", "svc4"), "KUBE-SVC-4SW47YFZTEDKD3PK", id="ns4/svc4:p80"),
+    ],
+)
+def test_other_upstream_service_chain_vectors(service: tuple[str, str], expected: str) -> None:
+    ns, name = service
+    assert names.service_chain(ServicePortName(ns, name, "p80", L4Protocol.TCP)) == expected
+
+
+def test_endpoint_chain_of_10_180_0_1_port_80_matches_upstream() -> None:
+    assert names.endpoint_chain(SVC1, Endpoint("10.180.0.1", 80)) == "KUBE-SEP-SXIVWICOYRO3J4NJ"
+
+
+def test_unnamed_port_hashes_namespace_slash_name_only() -> None:
+    unnamed = ServicePortName("ns1", "svc1", "", L4Protocol.TCP)
+    assert str(unnamed) == "ns1/svc1"
+    assert _b32_sha256("ns1/svc1tcp") == "AQI2S6QIMU7PVVRP"
+    assert names.service_chain(unnamed) == "KUBE-SVC-AQI2S6QIMU7PVVRP"
+
+
+def test_ipv6_endpoint_hashes_bracketed_address() -> None:
+    ep = Endpoint("fd00::1", 80)
+    assert ep.address == "[fd00::1]:80"
+    assert _b32_sha256("ns1/svc1:p80tcp[fd00::1]:80") == "T5UNFIPVCZXM3U7X"
+    assert names.endpoint_chain(SVC1, ep) == "KUBE-SEP-T5UNFIPVCZXM3U7X"
+
+
+def test_protocol_is_part_of_the_hash_in_lower_case() -> None:
+    udp = ServicePortName("ns1", "svc1", "p80", L4Protocol.UDP)
+    assert names.service_hash(udp) == _b32_sha256("ns1/svc1:p80udp")
+    assert names.service_hash(udp) != names.service_hash(SVC1)
+
+
+def test_per_service_sets_are_named_after_their_chains() -> None:
+    ep = Endpoint("10.180.0.1", 80)
+    assert names.firewall_set(SVC1) == "KUBE-FW-XPGD46QRK7WJZT7O-ranges"
+    assert names.affinity_set(SVC1, ep) == "KUBE-SEP-SXIVWICOYRO3J4NJ-affinity"
+
+
+# --- comments -------------------------------------------------------------
+
+
+def test_short_comment_is_unchanged() -> None:
+    assert names.comment("ns1/svc1:p80 -> 10.180.0.1:80") == "ns1/svc1:p80 -> 10.180.0.1:80"
+
+
+def test_comment_of_exactly_128_bytes_is_unchanged() -> None:
+    text = "x" * names.COMMENT_MAX_BYTES
+    assert names.comment(text) == text
+
+
+def test_long_comment_is_cut_to_128_bytes_deterministically() -> None:
+    text = "a" * 300
+    cut = names.comment(text)
+    assert len(cut.encode()) <= names.COMMENT_MAX_BYTES
+    assert cut == names.comment(text)
+    assert cut.startswith("a" * 100)
+
+
+def test_long_comments_differing_only_at_the_end_stay_distinct() -> None:
+    base = "n" * 63 + "/" + "s" * 63 + ":" + "p" * 14
+    assert names.comment(base + "a") != names.comment(base + "b")
+
+
+def test_comment_never_splits_a_multibyte_character() -> None:
+    text = "é" * 100  # 200 bytes; the cut falls mid-character for an odd budget
+    cut = names.comment(text)
+    assert len(cut.encode()) <= names.COMMENT_MAX_BYTES
+    assert cut.encode().decode() == cut
+    head = cut.split("...")[0]
+    assert set(head) == {"é"}
+
+
+_DNS_LABEL = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=63)
+
+
+@given(
+    ns=_DNS_LABEL,
+    name=_DNS_LABEL,
+    port=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", max_size=15),
+    extra=st.text(max_size=80),
+)
+def test_comment_of_any_service_label_fits_and_round_trips(
+    ns: str, name: str, port: str, extra: str
+) -> None:
+    text = f"{ServicePortName(ns, name, port, L4Protocol.TCP)} -> [fd00::1]:80 {extra}"
+    cut = names.comment(text)
+    raw = cut.encode()
+    assert len(raw) <= names.COMMENT_MAX_BYTES
+    assert raw.decode() == cut  # valid UTF-8, no split character
+    assert cut == names.comment(text)
+    if len(text.encode()) <= names.COMMENT_MAX_BYTES:
+        assert cut == text
+    else:
+        # the kept head is a prefix of the original text
+        assert text.startswith(cut[: cut.rfind("...")])
+
+
+def test_comment_of_maximal_service_port_name_fits() -> None:
+    text = str(ServicePortName("n" * 63, "s" * 63, "p" * 15, L4Protocol.SCTP))
+    assert len(text.encode()) == 143
+    assert len(names.comment(text).encode()) <= names.COMMENT_MAX_BYTES
+
+
+@given(st.text(min_size=1, max_size=400))
+def test_comment_of_random_unicode_fits_and_is_valid_utf8(text: str) -> None:
+    cut = names.comment(text)
+    assert len(cut.encode()) <= names.COMMENT_MAX_BYTES
+    assert cut.encode().decode() == cut
