@@ -8,7 +8,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$here/scripts/setup.sh"
 cd "$here"
 py=.venv/bin
-$py/ruff check nftproxy tests bench vmtests
+$py/ruff check .
 $py/mypy
 $py/lint-imports
 set +e

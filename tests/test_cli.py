@@ -7,6 +7,7 @@ naming the field or flag; kernel commands refuse to run without root.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -53,8 +54,12 @@ def test_sync_dry_run_prints_the_sample_clusters_model(
     capsys: pytest.CaptureFixture[str], not_root: None
 ) -> None:
     assert cli.main(dry_run()) == 0
-    out = capsys.readouterr().out
-    lines = out.splitlines()
+    captured = capsys.readouterr()
+    commands = [json.loads(line) for line in captured.out.splitlines()]
+    assert commands[0] == {"add": {"table": {"family": "ip", "name": "nftproxy"}}}
+    assert {"add": {"table": {"family": "ip6", "name": "nftproxy"}}} in commands
+    out = captured.err
+    lines = [ln for ln in out.splitlines() if " INFO " not in ln]
     assert lines[0].startswith("dry run: 6 services, 8 endpoint slices")
     assert "node demo-node: 192.168.50.1, fd00:50::1; zone zone-a" in out
     assert "service CIDRs: 10.96.0.0/16, fd00:96::/112" in out
@@ -80,7 +85,7 @@ def test_sync_dry_run_with_another_node_name_sees_no_local_endpoints(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert cli.main(dry_run("--node-name", "other-node")) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "node other-node: no Node object" in out
     web = next(ln for ln in out.splitlines() if ln.startswith("demo/web:http "))
     assert "1 local" in web  # 10.244.1.13 runs on other-node
@@ -138,7 +143,7 @@ def test_flags_override_the_config_file(tmp_path: Path, capsys: pytest.CaptureFi
     config = tmp_path / "kp.yaml"
     config.write_text("kind: KubeProxyConfiguration\nhostnameOverride: other-node\n")
     assert cli.main(dry_run("--config", str(config), "--node-name", "demo-node")) == 0
-    assert "node demo-node:" in capsys.readouterr().out
+    assert "node demo-node:" in capsys.readouterr().err
 
 
 def test_config_warnings_are_logged(
@@ -163,4 +168,3 @@ def test_kernel_commands_need_root(
     err = capsys.readouterr().err
     assert "needs root (CAP_NET_ADMIN)" in err
     assert err.count("\n") == 1
-

@@ -49,11 +49,19 @@ def canonical(doc: dict[str, Any] | None) -> dict[str, Any] | None:
         if kind == "chain":
             chains[obj["name"]] = [obj.get(k) for k in ("type", "hook", "prio", "policy")]
         elif kind == "rule":
-            rules[obj["chain"]].append([json.dumps(obj["expr"], sort_keys=True), obj.get("comment")])
+            rules[obj["chain"]].append(
+                [json.dumps(obj["expr"], sort_keys=True), obj.get("comment")]
+            )
         elif kind in ("set", "map"):
             elems = sorted(json.dumps(e, sort_keys=True) for e in obj.get("elem", []))
-            sets[obj["name"]] = [kind, obj.get("type"), obj.get("map"), obj.get("flags"),
-                                 obj.get("timeout"), elems]
+            sets[obj["name"]] = [
+                kind,
+                obj.get("type"),
+                obj.get("map"),
+                obj.get("flags"),
+                obj.get("timeout"),
+                elems,
+            ]
     return {"chains": chains, "rules": dict(rules), "sets": sets}
 
 
@@ -82,12 +90,21 @@ def fed(backend: NftBackend, objects: dict[str, dict[str, Any]]) -> Proxier:
 
 def sample() -> dict[str, dict[str, Any]]:
     return {
-        "svc/web": service("web", ["10.96.0.10", "fd00:96::10"], type="NodePort", node_ports=[30080]),
+        "svc/web": service(
+            "web", ["10.96.0.10", "fd00:96::10"], type="NodePort", node_ports=[30080]
+        ),
         "eps/web4": endpoint_slice("web", [("10.244.0.11", NODE), ("10.244.1.12", "node-b")]),
         "eps/web6": endpoint_slice("web", [("fd00:244::11", NODE)]),
-        "svc/lb": service("lb", "10.96.0.20", type="LoadBalancer", node_ports=[30081],
-                          lb_ips=["192.168.60.10"], source_ranges=["192.168.50.0/24"], etp="Local",
-                          health_check_node_port=30500),
+        "svc/lb": service(
+            "lb",
+            "10.96.0.20",
+            type="LoadBalancer",
+            node_ports=[30081],
+            lb_ips=["192.168.60.10"],
+            source_ranges=["192.168.50.0/24"],
+            etp="Local",
+            health_check_node_port=30500,
+        ),
         "eps/lb": endpoint_slice("lb", [("10.244.0.11", NODE), ("10.244.1.12", "node-b")]),
         "svc/sticky": service("sticky", "10.96.0.30", affinity_timeout=60),
         "eps/sticky": endpoint_slice("sticky", ["10.244.0.11", "10.244.0.12"]),
@@ -131,11 +148,16 @@ def test_refused_commit_changes_nothing_and_next_sync_repairs(
 
 
 def test_foreign_table_is_untouched(backend: NftBackend, netns: str) -> None:
-    kernel.nft(netns, "-f", "-", stdin=(
-        "table ip foreign {\n set s { type ipv4_addr; elements = { 10.0.0.1 }; }\n"
-        " chain input { type filter hook input priority 0; ip saddr @s counter accept; }\n}\n"
-        "table inet nftproxy2 {\n chain c {\n }\n}\n"
-    ))
+    kernel.nft(
+        netns,
+        "-f",
+        "-",
+        stdin=(
+            "table ip foreign {\n set s { type ipv4_addr; elements = { 10.0.0.1 }; }\n"
+            " chain input { type filter hook input priority 0; ip saddr @s counter accept; }\n}\n"
+            "table inet nftproxy2 {\n chain c {\n }\n}\n"
+        ),
+    )
     before = kernel.nft(netns, "list", "table", "ip", "foreign")
     before_inet = kernel.nft(netns, "list", "table", "inet", "nftproxy2")
     objects = sample()
@@ -159,11 +181,15 @@ _POOL_IPS = [f"10.244.{n}.{h}" for n in (0, 1) for h in (11, 12, 13)]
 def _service_objects(draw: st.DrawFn, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
     kind = draw(st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer"]))
     svc = service(
-        f"s{i}", f"10.96.1.{i}", type=kind,
+        f"s{i}",
+        f"10.96.1.{i}",
+        type=kind,
         ports=[("p", 80, draw(st.sampled_from(["TCP", "UDP"])))],
         node_ports=[30100 + i] if kind != "ClusterIP" else [],
         lb_ips=[f"192.168.60.{i}"] if kind == "LoadBalancer" else [],
-        source_ranges=draw(st.sampled_from([[], ["192.168.50.0/24"]])) if kind == "LoadBalancer" else [],
+        source_ranges=draw(st.sampled_from([[], ["192.168.50.0/24"]]))
+        if kind == "LoadBalancer"
+        else [],
         etp=draw(st.sampled_from([None, "Local"])) if kind != "ClusterIP" else None,
         itp=draw(st.sampled_from([None, "Local"])),
         affinity_timeout=draw(st.sampled_from([None, 30, 60])),
@@ -171,8 +197,16 @@ def _service_objects(draw: st.DrawFn, i: int) -> tuple[dict[str, Any], dict[str,
     ips = draw(st.lists(st.sampled_from(_POOL_IPS), max_size=3, unique=True))
     eps = endpoint_slice(
         f"s{i}",
-        [{"ip": ip, "nodeName": NODE if ip.startswith("10.244.0.") else "node-b",
-          "ready": draw(st.booleans()), "serving": True, "terminating": False} for ip in ips],
+        [
+            {
+                "ip": ip,
+                "nodeName": NODE if ip.startswith("10.244.0.") else "node-b",
+                "ready": draw(st.booleans()),
+                "serving": True,
+                "terminating": False,
+            }
+            for ip in ips
+        ],
         ports=[("p", 8080, svc["spec"]["ports"][0]["protocol"])],
         family="IPv4",
     )
@@ -183,8 +217,10 @@ def _service_objects(draw: st.DrawFn, i: int) -> tuple[dict[str, Any], dict[str,
 def _histories(draw: st.DrawFn) -> list[tuple[int, tuple[dict[str, Any], dict[str, Any]] | None]]:
     steps = draw(st.integers(min_value=1, max_value=8))
     return [
-        (i := draw(st.integers(min_value=1, max_value=4)),
-         draw(st.one_of(st.none(), _service_objects(i))))
+        (
+            i := draw(st.integers(min_value=1, max_value=4)),
+            draw(st.one_of(st.none(), _service_objects(i))),
+        )
         for _ in range(steps)
     ]
 
@@ -194,8 +230,12 @@ def _histories(draw: st.DrawFn) -> list[tuple[int, tuple[dict[str, Any], dict[st
 def test_partial_syncs_end_in_the_table_of_one_full_sync(
     history: list[tuple[int, tuple[dict[str, Any], dict[str, Any]] | None]],
 ) -> None:
-    with kernel.fresh_netns() as ns_a, kernel.fresh_netns() as ns_b, \
-            NftBackend(netns=ns_a) as a, NftBackend(netns=ns_b) as b:
+    with (
+        kernel.fresh_netns() as ns_a,
+        kernel.fresh_netns() as ns_b,
+        NftBackend(netns=ns_a) as a,
+        NftBackend(netns=ns_b) as b,
+    ):
         incremental = fed(a, {})
         incremental.sync()
         current: dict[str, dict[str, Any]] = {}

@@ -78,7 +78,9 @@ def slices(draw: st.DrawFn, name: str, family: IPFamily) -> Obj:
     meta: Obj = {
         "namespace": NAMESPACE,
         "name": name,
-        "labels": {"kubernetes.io/service-name": draw(st.sampled_from(["web", "web", "web", "api"]))},
+        "labels": {
+            "kubernetes.io/service-name": draw(st.sampled_from(["web", "web", "web", "api"]))
+        },
     }
     if draw(st.booleans()):
         second = draw(st.integers(0, 59))

@@ -429,9 +429,9 @@ class NftBackend:
         rc, out, err = self._call(lambda ctx: _run(ctx, text))
         if rc != 0:
             raise rejection(err.strip(), [command])
-        docs = list(_documents(out))
-        head = [i for d in docs[:1] for i in d.get("nftables", ())[:1] if "metainfo" in i]
-        return {"nftables": [*head, *_objects(out)]}
+        items = [item for doc in _documents(out) for item in doc.get("nftables", ())]
+        head = items[:1] if items and "metainfo" in items[0] else []
+        return {"nftables": head + [item for item in items if "metainfo" not in item]}
 
     def list_table(self, family: str, table: str) -> Json | None:
         """`{"nftables": [table, sets/maps, chains, rules]}` as libnftables
