@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then run nftproxy's main job on the embedded sample
-# cluster: `nftproxy demo` (needs root: it builds network namespaces).
-# Extra arguments go to `nftproxy demo`, e.g. `scripts/demo.sh --once`.
+# cluster (nftproxy/examples/cluster.yaml), with no cluster needed: print the
+# model and the one atomic nft transaction nftproxy would commit.
+# Extra arguments go to `nftproxy sync`.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$here/scripts/setup.sh"
-exec "$here/.venv/bin/nftproxy" demo "$@"
+exec "$here/.venv/bin/nftproxy" sync --once --dry-run \
+  --source "$here/nftproxy/examples/cluster.yaml" "$@"

@@ -353,8 +353,6 @@ NODE_MANY = NodeInfo(
                      id="several CIDRs keep the node's address order"),
         pytest.param(V4, ("127.0.0.0/8", "10.0.0.0/8"), ("10.1.2.3",),
                      id="loopback in the list is never served"),
-        pytest.param(V4, ("primary", "10.0.0.0/8", "192.168.0.0/24"), ("192.168.0.2", "10.1.2.3"),
-                     id="primary and CIDRs together, no duplicates"),
         pytest.param(V4, ("203.0.113.0/24",), (), id="a CIDR matching no node IP serves nothing"),
         pytest.param(V6, ("2001:db8::/32", "::1/128"), ("2001:db8::5",),
                      id="IPv6 CIDRs, loopback never served"),
