@@ -53,7 +53,7 @@ FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
 
 class Backend(Protocol):
     """What the proxier needs of the kernel edge (nft.backend.NftBackend and
-    nft.backend.FakeBackend both provide it)."""
+    nft.fake.FakeBackend both provide it)."""
 
     def commit(self, commands: Sequence[Mapping[str, object]]) -> None: ...
 

@@ -26,7 +26,6 @@ from nftproxy.nft.backend import (
     Backend,
     BaseChain,
     ChainInfo,
-    FakeBackend,
     MapInfo,
     NftBackend,
     SetInfo,
@@ -42,6 +41,7 @@ from nftproxy.nft.errors import (
     NftUnavailable,
     rejection,
 )
+from nftproxy.nft.fake import FakeBackend
 
 Json = dict[str, Any]
 
