@@ -17,23 +17,28 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nftproxy.agent import Agent, ConntrackEdge, Source, SourceFactory, WatchedFiles
 from nftproxy.config import PRIMARY, DetectLocalMode, ProxyConfig
 from nftproxy.config_load import ConfigError, build_config, load_config_file, parse_duration
 from nftproxy.convert import node_info, service_cidrs, service_ports, slice_info
 from nftproxy.dump import parse_table, render_text
+from nftproxy.health import BindErrorCallback
 from nftproxy.log import setup_logging
-from nftproxy.model import Endpoint, IPFamily, ServicePort, ServicePortName
-from nftproxy.nft.backend import NftBackend
+from nftproxy.model import Endpoint, IPFamily, NamespacedName, ServicePort, ServicePortName
+from nftproxy.nft.backend import NftBackend, malloc_trim, tune_malloc
 from nftproxy.nft.errors import NftError
 from nftproxy.proxier import Backend, Proxier
 from nftproxy.sources.events import ClusterEvents, Obj
 from nftproxy.sources.file import FileSource, SourceError
+from nftproxy.sysctl import HostFS
 
 __all__ = ["build_parser", "main"]
 
@@ -221,9 +226,99 @@ def _not_implemented(command: str) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
+    """Run the agent until SIGTERM/SIGINT; the rules stay in place after."""
     if (rc := _needs_root("run")) is not None:
         return rc
-    return _not_implemented("run")
+    on_bind_error: BindErrorCallback | None = None
+    try:
+        if args.source:
+            config = _node_from_files(args.source, config)
+            source_factory = _file_source(args.source, config.node_name)
+        else:
+            config = _with_hostname(config)
+            source_factory, on_bind_error = _kube_source(args.kubeconfig, config.node_name)
+    except (SourceError, _StartError) as exc:
+        print(f"nftproxy: run: {exc}", file=sys.stderr)
+        return 1
+    tune_malloc()  # before the backend creates its libnftables context
+    agent = Agent(
+        config,
+        backend=NftBackend(),
+        source_factory=source_factory,
+        sysctl_fs=HostFS(),
+        conntrack=_conntrack(),
+        on_bind_error=on_bind_error,
+        trim_memory=malloc_trim,
+    )
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        agent.run(stop)
+    except (SourceError, NftError, OSError) as exc:
+        print(f"nftproxy: run: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+class _StartError(Exception):
+    """`run` cannot start (no API client, kube source unavailable)."""
+
+
+def _node_from_files(paths: Sequence[str], config: ProxyConfig) -> ProxyConfig:
+    """With no node name given, the only Node in the files (the trackers
+    need the name before the first endpoint arrives)."""
+    if config.node_name:
+        return config
+    probe = FileSource(paths, _Recorder(), node_name="")
+    probe.load()
+    return replace(config, node_name=probe.chosen_node_name)
+
+
+def _file_source(paths: Sequence[str], node_name: str) -> SourceFactory:
+    def source_factory(handler: ClusterEvents) -> Source:
+        return WatchedFiles(FileSource(paths, handler, node_name=node_name))
+
+    return source_factory
+
+
+def _kube_source(kubeconfig: str | None, node_name: str) -> tuple[SourceFactory, BindErrorCallback]:
+    try:  # imported lazily: the kubernetes client costs ~0.5 s to import
+        from nftproxy.sources.kube import EventRecorder, KubeSource, from_config
+    except ImportError as exc:
+        raise _StartError(f"the API server source is unavailable ({exc}); "
+                          "use --source FILE") from None
+    try:
+        api_client = from_config(kubeconfig)
+    except Exception as exc:  # the client's ConfigException and I/O errors
+        raise _StartError(f"no API server configuration: {exc}") from None
+    recorder = EventRecorder(api_client, host=node_name)
+
+    def source_factory(handler: ClusterEvents) -> Source:
+        return KubeSource(api_client, handler, node_name=node_name)
+
+    def on_bind_error(service: NamespacedName, port: int, error: OSError) -> None:
+        message = (f"node {node_name} failed to start healthcheck \"{service}\" "
+                   f"on port {port}: {error}")
+        threading.Thread(  # the recorder calls the API synchronously: not in the sync
+            target=recorder.record, name="event", daemon=True,
+            kwargs={"namespace": service.namespace, "name": service.name,
+                    "reason": "FailedToStartServiceHealthcheck", "message": message},
+        ).start()
+
+    return source_factory, on_bind_error
+
+
+def _conntrack() -> ConntrackEdge | None:
+    try:
+        from nftproxy.conntrack import Conntrack
+    except ImportError as exc:
+        _log.warning("conntrack cleanup unavailable: %s", exc)
+        return None
+    return Conntrack()
 
 
 def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
