@@ -89,10 +89,9 @@ class ProxyConfig:
 
     def nodeport_matches_all(self, family: IPFamily) -> bool:
         """True when node ports are served on every non-loopback local address
-        of `family`: nodePortAddresses empty, or holding a /0 of that family."""
-        if not self.nodeport_addresses:
-            return True
-        return any(
-            ipaddress.ip_network(c, strict=False).prefixlen == 0
-            for c in self.nodeport_cidrs_of(family)
-        )
+        of `family`: nodePortAddresses lists no CIDR of that family (and is not
+        "primary"), or lists a /0 of it -- as kube-proxy's NewNodePortAddresses."""
+        if self.nodeport_primary:
+            return False
+        cidrs = self.nodeport_cidrs_of(family)
+        return not cidrs or any(ipaddress.ip_network(c, strict=False).prefixlen == 0 for c in cidrs)

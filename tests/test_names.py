@@ -17,10 +17,21 @@ import hashlib
 from collections.abc import Callable
 
 import pytest
+from builders import endpoint, render, service_port
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftproxy.model import Endpoint, L4Protocol, ServicePortName
+from nftproxy.model import (
+    Endpoint,
+    IPFamily,
+    L4Protocol,
+    LoadBalancerIngress,
+    ServicePortName,
+    SessionAffinity,
+    TrafficPolicy,
+)
+from nftproxy.nft.ops import Table
+from nftproxy.nft.plan import TableState, stage_full
 from nftproxy.rules import names
 
 SVC1 = ServicePortName("ns1", "svc1", "p80", L4Protocol.TCP)
@@ -122,13 +133,21 @@ def test_comment_never_splits_a_multibyte_character() -> None:
     assert set(head) == {"é"}
 
 
-_DNS_LABEL = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=63)
+_DNS = "abcdefghijklmnopqrstuvwxyz0123456789-"
+
+
+def _label(longest: int) -> st.SearchStrategy[str]:
+    """A DNS label, often of the maximal length kube-apiserver allows."""
+    return st.one_of(
+        st.text(alphabet=_DNS, min_size=longest, max_size=longest),
+        st.text(alphabet=_DNS, min_size=1, max_size=longest),
+    )
 
 
 @given(
-    ns=_DNS_LABEL,
-    name=_DNS_LABEL,
-    port=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", max_size=15),
+    ns=_label(63),
+    name=_label(63),
+    port=st.one_of(st.just(""), _label(15)),
     extra=st.text(max_size=80),
 )
 def test_comment_of_any_service_label_fits_and_round_trips(
@@ -158,3 +177,29 @@ def test_comment_of_random_unicode_fits_and_is_valid_utf8(text: str) -> None:
     cut = names.comment(text)
     assert len(cut.encode()) <= names.COMMENT_MAX_BYTES
     assert cut.encode().decode() == cut
+
+
+def test_a_maximal_service_port_yields_a_transaction_whose_comments_all_fit() -> None:
+    """kubernetes#139515: one over-long comment fails the whole transaction."""
+    port = service_port(
+        "s" * 63, ns="n" * 63, port_name="p" * 15, family=IPFamily.IPV6, node_port=30001,
+        external_ips=("fd00:99::22",), session_affinity=SessionAffinity.CLIENT_IP,
+        load_balancer_ingress=(LoadBalancerIngress("fd00:1:2::3"),),
+        load_balancer_source_ranges=("fd00:203::/64",),
+        external_traffic_policy=TrafficPolicy.LOCAL,
+    )
+    eps = (endpoint("fd00:10:180::ffff:ffff", 65535, local=True), endpoint("fd00:10:180::2"))
+    fragment = render(port, eps).fragment
+    state = TableState(IPFamily.IPV6, Table("ip6", "nftproxy"))
+    commands = stage_full(state, None, {port.name: fragment}).commands
+    comments = [str(v["comment"]) for c in commands for v in _dicts(c) if "comment" in v]
+    assert len(str(port.name).encode()) > names.COMMENT_MAX_BYTES
+    assert comments and all(len(c.encode()) <= names.COMMENT_MAX_BYTES for c in comments)
+
+
+def _dicts(value: object) -> list[dict[str, object]]:
+    if isinstance(value, dict):
+        return [value, *(d for v in value.values() for d in _dicts(v))]
+    if isinstance(value, list):
+        return [d for v in value for d in _dicts(v)]
+    return []

@@ -149,7 +149,7 @@ class Case:
     id: str
     port: ServicePort
     endpoints: tuple[Endpoint, ...]
-    elements: dict[str, dict[tuple[Any, ...], Any]]
+    elements: Elements
     chains: frozenset[str]
     internal_dropped: bool = False
     external_dropped: bool = False
@@ -175,8 +175,9 @@ ETP_LOCAL = service_port(
 ITP_LOCAL = service_port(internal_traffic_policy=LOCAL)
 REMOTE = (endpoint(EP1),)
 LOCAL_AND_REMOTE = (endpoint(EP1, local=True), endpoint(EP2))
-CLUSTER_IPS = {"cluster-ips": {(CIP,): None}}
-SVC_CIP = {**CLUSTER_IPS, "service-ips": {(CIP, "tcp", 80): "goto SVC"}}
+Elements = dict[str, dict[tuple[Any, ...], Any]]
+CLUSTER_IPS: Elements = {"cluster-ips": {(CIP,): None}}
+SVC_CIP: Elements = {**CLUSTER_IPS, "service-ips": {(CIP, "tcp", 80): "goto SVC"}}
 
 DISPATCH_CASES = [
     Case(
@@ -395,6 +396,11 @@ def sep(ip: str, port: ServicePort = SVC1) -> str:
             id="ClusterCIDR detector masquerades sources outside the cluster CIDR",
         ),
         pytest.param(
+            replace(CONFIG, cluster_cidrs=("10.0.0.0/8", "100.64.0.0/10", "fd00:10::/48")),
+            f"ip daddr {CIP} tcp dport 80 ip saddr != {{ 10.0.0.0/8, 100.64.0.0/10 }} {MASQ}",
+            id="several cluster CIDRs of the family form one anonymous set",
+        ),
+        pytest.param(
             replace(CONFIG, masquerade_all=True), f"ip daddr {CIP} tcp dport 80 {MASQ}",
             id="masqueradeAll masquerades every source",
         ),
@@ -474,7 +480,7 @@ def test_itp_local_with_external_access_keeps_kube_svc_free_of_the_cluster_ip_ru
 def _probabilities(rules: list[Rule]) -> dict[str, Fraction]:
     """Chance of reaching each goto target, reading each rule's numgen match:
     `numgen random mod m == 0` matches with probability 1/m, no match means 1."""
-    reach, out = Fraction(1), {}
+    reach, out = Fraction(1), dict[str, Fraction]()
     for rule in rules:
         p = Fraction(1)
         for s in rule.expr:

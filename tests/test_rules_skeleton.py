@@ -99,7 +99,7 @@ KUBE_CHAINS = {
     "KUBE-FORWARD",
 }
 
-Rules = list[tuple[list[dict[str, Any]], str | None]]
+Rules = list[tuple[list[Any], str | None]]
 
 GOLDEN_V4: dict[str, Rules] = {
     "filter-prerouting-pre-dnat": [([NEW, jump("KUBE-FIREWALL-CHECK")], None)],
@@ -374,12 +374,6 @@ def test_primary_never_serves_a_loopback_primary() -> None:
     assert nodeport_ips(V4, config, node) == ()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: config.py nodeport_matches_all: a family with no CIDR in nodePortAddresses "
-    "must match all addresses (kube-proxy NewNodePortAddresses adds 0.0.0.0/0 or ::/0); "
-    "nftproxy serves node ports on no IPv6 address at all",
-)
 def test_family_without_any_listed_cidr_serves_node_ports_on_every_address() -> None:
     config = replace(DEFAULT, nodeport_addresses=("192.168.0.0/16",))
     fragment = render_skeleton(V6, config, NODE)

@@ -1,0 +1,814 @@
+"""Planning transactions (nftproxy.nft.plan) with fragments from the real renderers.
+
+Aspects:
+- order inside one transaction: a chain exists before anything targets it,
+  flushes come before deletes, a verdict change is delete + add;
+- removed chains are flushed and deleted, or left flushed for stage_gc;
+- affinity sets keep their clients across full syncs and are re-created
+  (after their users are flushed) when their timeout changes;
+- an unchanged service costs nothing, a failed commit records nothing;
+- transaction sizes of partial syncs are pinned and do not grow with the
+  number of other services (upstream's TestSyncProxyRulesRepeated, §2);
+- two service ports claiming one element resolve to one deterministic winner;
+- property: successive partial syncs end where one full sync of the final
+  state ends, in the planner's state and in a model of the kernel.
+
+`Kernel` below is a small model of one nftables table: it refuses what the
+kernel refuses (a missing object, a goto to a missing chain, deleting a chain
+or set that is still used, an element that exists with another verdict,
+re-adding a set with other flags -- the kernel marks a set "dynamic" once an
+`update` rule uses it, docs/nft-python-notes.md §2) and keeps the content, so
+a plan is checked by what applying it does, not by its text.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+from builders import CONFIG, NODE, endpoint, render, service_port
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nftproxy.model import (
+    Endpoint,
+    IPFamily,
+    L4Protocol,
+    LoadBalancerIngress,
+    ServicePort,
+    ServicePortName,
+    SessionAffinity,
+    TrafficPolicy,
+)
+from nftproxy.nft.ops import Table
+from nftproxy.nft.plan import (
+    SKELETON,
+    KernelSet,
+    KernelTable,
+    Owner,
+    Staged,
+    TableState,
+    stage_full,
+    stage_gc,
+    stage_partial,
+)
+from nftproxy.rules import names
+from nftproxy.rules.fragment import BaseHook, Fragment
+from nftproxy.rules.skeleton import render_skeleton
+
+V4 = IPFamily.IPV4
+Json = Mapping[str, Any]
+
+
+# --- a model of the kernel ---------------------------------------------------------
+
+
+class Refused(AssertionError):
+    """The kernel would refuse this transaction."""
+
+
+@dataclass
+class _Set:
+    kind: str
+    type: Any
+    map: str | None
+    flags: set[str]
+    timeout: int | None
+    elems: dict[str, Any] = field(default_factory=dict)
+
+
+def _walk(value: Any) -> Iterator[Any]:
+    yield value
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _walk(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _walk(v)
+
+
+def _targets(value: Any) -> set[str]:
+    return {v[k]["target"] for v in _walk(value) if isinstance(v, dict)
+            for k in ("jump", "goto") if k in v}
+
+
+def _set_refs(value: Any) -> set[str]:
+    return {v[1:] for v in _walk(value) if isinstance(v, str) and v.startswith("@")}
+
+
+def _updated_sets(value: Any) -> set[str]:
+    return {v["set"]["set"][1:] for v in _walk(value)
+            if isinstance(v, dict) and isinstance(v.get("set"), dict) and "op" in v["set"]}
+
+
+def _elem_key_data(elem: Any) -> tuple[str, Any]:
+    key, data = (elem[0], elem[1]) if isinstance(elem, list) else (elem, None)
+    if isinstance(key, dict) and "elem" in key:
+        key = key["elem"]["val"]
+    return json.dumps(key, sort_keys=True), data
+
+
+@dataclass
+class Kernel:
+    """One table as the kernel holds it (chains with rules, sets with elements)."""
+
+    chains: dict[str, list[Any]] = field(default_factory=dict)
+    hooks: dict[str, BaseHook | None] = field(default_factory=dict)
+    sets: dict[str, _Set] = field(default_factory=dict)
+
+    def commit(self, commands: Sequence[Json]) -> None:
+        """Apply all or nothing, like one libnftables transaction."""
+        work = copy.deepcopy(self)
+        for i, command in enumerate(commands):
+            try:
+                work._apply(command)
+            except Refused as exc:
+                raise Refused(f"command {i} {json.dumps(command)[:200]}: {exc}") from None
+        self.chains, self.hooks, self.sets = work.chains, work.hooks, work.sets
+
+    def _apply(self, command: Json) -> None:
+        (verb, body), = command.items()
+        (kind, spec), = body.items()
+        name = spec.get("name")
+        if kind == "table":
+            return
+        if kind == "chain":
+            self._chain(verb, spec)
+        elif kind == "rule":
+            self._need_chain(spec["chain"])
+            for t in _targets(spec["expr"]):
+                self._need_chain(t)
+            for s in _set_refs(spec["expr"]):
+                self._need_set(s)
+            for s in _updated_sets(spec["expr"]):
+                self.sets[s].flags.add("dynamic")
+            self.chains[spec["chain"]].append((spec["expr"], spec.get("comment")))
+        elif kind in ("set", "map"):
+            self._set(verb, kind, spec)
+        elif kind == "element":
+            self._element(verb, self._need_set(name), spec["elem"])
+        else:
+            raise AssertionError(f"the model does not know {verb} {kind}")
+
+    def _need_chain(self, name: str) -> None:
+        if name not in self.chains:
+            raise Refused(f"ENOENT: no chain {name}")
+
+    def _need_set(self, name: str) -> _Set:
+        if name not in self.sets:
+            raise Refused(f"ENOENT: no set {name}")
+        return self.sets[name]
+
+    def _chain(self, verb: str, spec: Json) -> None:
+        name = spec["name"]
+        hook = (BaseHook(spec["type"], spec["hook"], spec["prio"], spec["policy"])
+                if "hook" in spec else None)
+        if verb == "add":
+            if name in self.chains and self.hooks[name] != hook:
+                raise Refused(f"EEXIST: chain {name} exists with another hook")
+            self.chains.setdefault(name, [])
+            self.hooks[name] = hook
+            return
+        self._need_chain(name)
+        if verb == "flush":
+            self.chains[name] = []
+            return
+        assert verb == "delete"
+        if self.chains[name]:
+            raise Refused(f"EBUSY: chain {name} still has rules (not flushed)")
+        users = [c for c, rules in self.chains.items() if name in _targets(rules)]
+        users += [s for s, decl in self.sets.items() if name in _targets(list(decl.elems.values()))]
+        if users:
+            raise Refused(f"EBUSY: chain {name} is still used by {users}")
+        del self.chains[name], self.hooks[name]
+
+    def _set(self, verb: str, kind: str, spec: Json) -> None:
+        name = spec["name"]
+        if verb == "add":
+            new = _Set(kind, spec["type"], spec.get("map"), set(spec.get("flags", ())),
+                       spec.get("timeout"))
+            old = self.sets.get(name)
+            if old is None:
+                self.sets[name] = new
+            elif (old.kind, old.type, old.map, old.flags, old.timeout) != (
+                    new.kind, new.type, new.map, new.flags, new.timeout):
+                raise Refused(f"EEXIST: set {name} exists with another declaration")
+            return
+        s = self._need_set(name)
+        if verb == "flush":
+            s.elems.clear()
+            return
+        assert verb == "delete"
+        users = [c for c, rules in self.chains.items() if name in _set_refs(rules)]
+        if users:
+            raise Refused(f"EBUSY: set {name} is still used by {users}")
+        del self.sets[name]
+
+    def _element(self, verb: str, s: _Set, elems: Sequence[Any]) -> None:
+        for elem in elems:
+            key, data = _elem_key_data(elem)
+            if verb == "add":
+                for t in _targets(data):
+                    self._need_chain(t)
+                if key in s.elems and s.elems[key] != data:
+                    raise Refused(f"EEXIST: element {key} exists with {s.elems[key]}")
+                s.elems[key] = data
+            else:
+                if key not in s.elems:
+                    raise Refused(f"ENOENT: no element {key}")
+                del s.elems[key]
+
+    def listing(self) -> KernelTable:
+        sets = {n: KernelSet(n, tuple(s.type) if isinstance(s.type, list) else (s.type,),
+                             s.map, tuple(sorted(s.flags)), s.timeout)
+                for n, s in self.sets.items()}
+        return KernelTable(dict(self.hooks), sets)
+
+    def content(self) -> tuple[Any, ...]:
+        """Everything packets see; element comments and set comments left out."""
+        sets = {n: (s.kind, s.type, s.map, s.flags - {"dynamic"}, s.timeout, s.elems)
+                for n, s in self.sets.items()}
+        return self.chains, self.hooks, sets
+
+
+# --- order checks --------------------------------------------------------------------
+
+
+def _ops(commands: Sequence[Json]) -> list[tuple[str, str, str, Any]]:
+    """(verb, kind, name, spec) per command."""
+    out = []
+    for c in commands:
+        (verb, body), = c.items()
+        (kind, spec), = body.items()
+        out.append((verb, kind, spec.get("name") or spec.get("chain", ""), spec))
+    return out
+
+
+def check_order(commands: Sequence[Json]) -> None:
+    """The ordering rules every transaction obeys."""
+    ops = _ops(commands)
+    first: dict[tuple[str, str, str], int] = {}
+    for i, (verb, kind, name, _) in enumerate(ops):
+        first.setdefault((verb, kind, name), i)
+    for i, (verb, kind, name, spec) in enumerate(ops):
+        if kind == "element" and verb == "add":
+            for target in _targets(spec["elem"]):
+                j = first.get(("add", "chain", target))
+                assert j is None or j < i, f"element targeting {target} before its add chain"
+        if kind in ("chain", "set", "map") and verb == "delete":
+            j = first.get(("flush", kind, name))
+            assert j is None or j < i, f"delete {kind} {name} before its flush"
+        if kind == "element" and verb == "delete":
+            later = [k for k, o in enumerate(ops) if o[:3] == ("add", "element", name) and k < i]
+            assert not later, f"add element into {name} before a delete from it"
+    flushes = [i for i, o in enumerate(ops) if o[0] == "flush" and o[1] == "chain"]
+    deletes = [i for i, o in enumerate(ops) if o[0] == "delete" and o[1] == "chain"
+               and not (o[3].get("name") or "").startswith(("nat-", "filter-"))]
+    assert not flushes or not deletes or max(flushes) < min(deletes), "a flush after a delete"
+
+
+def apply(state: TableState, kernel: Kernel, staged: Staged) -> list[Json]:
+    """Commit a planned transaction to the model kernel, then record it."""
+    check_order(staged.commands)
+    kernel.commit(staged.commands)
+    staged.commit()
+    return staged.commands
+
+
+def effective(state: TableState) -> dict[Any, Any]:
+    """The element each claimed key resolves to (the winner of its claims)."""
+    return {eid: state.index.effective(eid) for eid in state.index.claims}
+
+
+def fresh(desired: Mapping[Owner, Fragment]) -> tuple[TableState, Kernel]:
+    state, kernel = TableState(V4, TABLE), Kernel()
+    apply(state, kernel, stage_full(state, None, desired))
+    return state, kernel
+
+
+def assert_same_as_full(state: TableState, kernel: Kernel) -> None:
+    """The state and the kernel equal a full sync of state's fragments into a fresh table."""
+    ref_state, ref_kernel = fresh(dict(state.fragments))
+    assert state.chains == ref_state.chains
+    assert state.sets == ref_state.sets
+    assert effective(state) == effective(ref_state)
+    assert kernel.content() == ref_kernel.content()
+
+
+# --- the model refuses what the kernel refuses -------------------------------------
+
+
+def _chain(name: str, verb: str = "add") -> Json:
+    return {verb: {"chain": {"family": "ip", "table": "nftproxy", "name": name}}}
+
+
+def _rule(chain: str, *expr: Json) -> Json:
+    return {"add": {"rule": {"family": "ip", "table": "nftproxy", "chain": chain,
+                             "expr": list(expr)}}}
+
+
+def _aff(verb: str = "add", **extra: Any) -> Json:
+    return {verb: {"set": {"family": "ip", "table": "nftproxy", "name": "aff", **extra}}}
+
+
+@pytest.mark.parametrize(
+    "commands",
+    [
+        pytest.param([_chain("A"), _rule("A", {"goto": {"target": "B"}})],
+                     id="goto to a missing chain"),
+        pytest.param([_chain("A"), _chain("B"), _rule("A", {"jump": {"target": "B"}}),
+                      _chain("B", "flush"), _chain("B", "delete")],
+                     id="deleting a chain a rule jumps to"),
+        pytest.param([_chain("A"), _rule("A", {"accept": None}), _chain("A", "delete")],
+                     id="deleting a chain that still has rules"),
+        pytest.param([_chain("A"), {"add": {"map": {"family": "ip", "table": "nftproxy",
+                                                    "name": "m", "type": "ipv4_addr",
+                                                    "map": "verdict"}}},
+                      {"add": {"element": {"family": "ip", "table": "nftproxy", "name": "m",
+                                           "elem": [["1.1.1.1", {"goto": {"target": "A"}}]]}}},
+                      _chain("A", "delete")],
+                     id="deleting a chain a map element targets"),
+        pytest.param([_aff(type="ipv4_addr", flags=["timeout"], timeout=60), _chain("A"),
+                      _rule("A", {"set": {"op": "update", "set": "@aff",
+                                          "elem": {"payload": {"protocol": "ip",
+                                                               "field": "saddr"}}}}),
+                      _aff(type="ipv4_addr", flags=["timeout"], timeout=60)],
+                     id="re-adding a set an update rule made dynamic"),
+        pytest.param([_aff(type="ipv4_addr"), _chain("A"),
+                      _rule("A", {"match": {"op": "==", "left": "x", "right": "@aff"}}),
+                      _aff("delete")],
+                     id="deleting a set a rule uses"),
+        pytest.param([_aff(type="ipv4_addr"),
+                      {"delete": {"element": {"family": "ip", "table": "nftproxy", "name": "aff",
+                                              "elem": ["1.1.1.1"]}}}],
+                     id="deleting a missing element"),
+        pytest.param([_chain("A"), _chain("B"),
+                      {"add": {"map": {"family": "ip", "table": "nftproxy", "name": "m",
+                                       "type": "ipv4_addr", "map": "verdict"}}},
+                      {"add": {"element": {"family": "ip", "table": "nftproxy", "name": "m",
+                                           "elem": [["1.1.1.1", {"goto": {"target": "A"}}]]}}},
+                      {"add": {"element": {"family": "ip", "table": "nftproxy", "name": "m",
+                                           "elem": [["1.1.1.1", {"goto": {"target": "B"}}]]}}}],
+                     id="adding an element that exists with another verdict"),
+    ],
+)
+def test_the_kernel_model_refuses_and_stays_unchanged(commands: list[Json]) -> None:
+    kernel = Kernel()
+    kernel.commit([_chain("keep")])
+    with pytest.raises(Refused):
+        kernel.commit(commands)
+    assert kernel.content() == Kernel(chains={"keep": []}, hooks={"keep": None}).content()
+
+
+# --- builders ------------------------------------------------------------------------
+
+TABLE = Table("ip", "nftproxy")
+SKEL = render_skeleton(V4, CONFIG, NODE)
+SVC1 = service_port()
+EP1, EP2, EP3 = (endpoint(f"10.180.0.{i}") for i in (1, 2, 3))
+
+
+def frag(port: ServicePort, endpoints: Iterable[Endpoint] = ()) -> Fragment:
+    return render(port, tuple(endpoints)).fragment
+
+
+def other(i: int) -> ServicePort:
+    return service_port(f"svc{i}", ns="other", cluster_ip=f"172.31.{i // 250}.{i % 250 + 1}")
+
+
+def table(others: int, svc1: Fragment | None = None) -> tuple[TableState, Kernel]:
+    """The skeleton, `others` ClusterIP services with one endpoint each, and ns1/svc1
+    as `svc1` renders it (absent if None), fully synced into a fresh table."""
+    desired: dict[Owner, Fragment] = {SKELETON: SKEL}
+    for i in range(others):
+        desired[other(i).name] = frag(other(i), [endpoint(f"10.181.{i // 250}.{i % 250 + 1}")])
+    if svc1 is not None:
+        desired[SVC1.name] = svc1
+    return fresh(desired)
+
+
+def partial(state: TableState, kernel: Kernel, changes: Mapping[Owner, Fragment | None],
+            *, defer: bool = False) -> list[Json]:
+    return apply(state, kernel, stage_partial(state, changes, defer_deletes=defer))
+
+
+def commands_of(commands: Sequence[Json], verb: str, kind: str) -> list[str]:
+    return [name for v, k, name, _ in _ops(commands) if (v, k) == (verb, kind)]
+
+
+# --- order ---------------------------------------------------------------------------
+
+
+def test_a_new_chain_is_added_before_the_element_that_targets_it() -> None:
+    state, kernel = table(0)
+    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])})
+    ops = _ops(commands)
+    svc_chain = names.service_chain(SVC1.name)
+    add_chain = ops.index(next(o for o in ops if o[:3] == ("add", "chain", svc_chain)))
+    add_elem = next(i for i, o in enumerate(ops) if o[:3] == ("add", "element", "service-ips"))
+    assert add_chain < add_elem
+
+
+def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
+    itp_local = replace(SVC1, internal_traffic_policy=TrafficPolicy.LOCAL)
+    local_ep = endpoint("10.180.0.9", local=True)
+    state, kernel = table(0, svc1=frag(SVC1, [local_ep]))
+    commands = partial(state, kernel, {SVC1.name: frag(itp_local, [local_ep])})
+    elems = [(v, name, spec["elem"]) for v, k, name, spec in _ops(commands) if k == "element"]
+    key = {"concat": ["172.30.0.41", "tcp", 80]}
+    assert [(v, n) for v, n, _ in elems] == [("delete", "service-ips"), ("add", "service-ips")]
+    assert elems[0][2] == [key]
+    assert elems[1][2][0][0]["elem"]["val"] == key
+    assert elems[1][2][0][1] == {"goto": {"target": names.local_chain(SVC1.name)}}
+
+
+def test_a_removed_chain_is_flushed_then_deleted() -> None:
+    state, kernel = table(0, svc1=frag(SVC1, [EP1, EP2]))
+    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])})
+    gone = names.endpoint_chain(SVC1.name, EP2)
+    assert commands_of(commands, "flush", "chain").count(gone) == 1
+    assert commands_of(commands, "delete", "chain") == [gone]
+    assert gone not in kernel.chains
+    assert_same_as_full(state, kernel)
+
+
+def test_deferred_deletes_leave_the_chain_flushed_until_gc() -> None:
+    state, kernel = table(0, svc1=frag(SVC1, [EP1, EP2]))
+    gone = names.endpoint_chain(SVC1.name, EP2)
+    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
+    assert gone in commands_of(commands, "flush", "chain")
+    assert commands_of(commands, "delete", "chain") == []
+    assert state.stale_chains == {gone}
+    assert kernel.chains[gone] == []
+    gc = apply(state, kernel, stage_gc(state))
+    assert commands_of(gc, "delete", "chain") == [gone]
+    assert state.stale_chains == set()
+    assert_same_as_full(state, kernel)
+
+
+def test_a_stale_chain_that_comes_back_before_gc_is_rewritten_and_kept() -> None:
+    state, kernel = table(0, svc1=frag(SVC1, [EP1, EP2]))
+    back = names.endpoint_chain(SVC1.name, EP2)
+    partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
+    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1, EP2])}, defer=True)
+    assert back in commands_of(commands, "add", "chain")
+    assert state.stale_chains == set()
+    assert stage_gc(state).commands == []
+    assert_same_as_full(state, kernel)
+
+
+def test_a_deleted_service_with_deferred_deletes_is_gone_after_gc() -> None:
+    port = replace(SVC1, session_affinity=SessionAffinity.CLIENT_IP,
+                   load_balancer_ingress=(LoadBalancerIngress("1.2.3.4"),),
+                   load_balancer_source_ranges=("203.0.113.0/25",))
+    state, kernel = table(0, svc1=frag(port, [EP1]))
+    partial(state, kernel, {SVC1.name: None}, defer=True)
+    assert state.stale_sets and state.stale_chains
+    apply(state, kernel, stage_gc(state))
+    assert set(kernel.chains) == SKEL.chain_names()
+    assert set(kernel.sets) == {s.name for s in SKEL.sets}
+
+
+def test_a_stale_source_ranges_set_that_comes_back_does_not_keep_old_ranges() -> None:
+    lb = replace(SVC1, load_balancer_ingress=(LoadBalancerIngress("1.2.3.4"),),
+                 load_balancer_source_ranges=("203.0.113.0/25",))
+    state, kernel = table(0, svc1=frag(lb, [EP1]))
+    partial(state, kernel, {SVC1.name: None}, defer=True)
+    narrowed = replace(lb, load_balancer_source_ranges=("198.51.100.0/24",))
+    partial(state, kernel, {SVC1.name: frag(narrowed, [EP1])}, defer=True)
+    ranges = kernel.sets[names.firewall_set(SVC1.name)].elems
+    assert list(ranges) == ['{"prefix": {"addr": "198.51.100.0", "len": 24}}']
+    assert_same_as_full(state, kernel)
+
+
+# --- affinity sets -------------------------------------------------------------------
+
+AFFINITY = replace(SVC1, session_affinity=SessionAffinity.CLIENT_IP, affinity_timeout=600)
+
+
+def test_full_resync_never_flushes_or_redeclares_affinity_sets() -> None:
+    state, kernel = table(3, svc1=frag(AFFINITY, [EP1, EP2]))
+    aff = {names.affinity_set(SVC1.name, ep) for ep in (EP1, EP2)}
+    assert all("dynamic" in kernel.sets[s].flags for s in aff)  # the update rules did that
+    kernel.sets[next(iter(aff))].elems['"192.0.2.7"'] = None  # a client the datapath recorded
+    commands = apply(state, kernel, stage_full(state, kernel.listing(), dict(state.fragments)))
+    touched = {name for v, k, name, _ in _ops(commands) if k == "set"}
+    assert touched.isdisjoint(aff)
+    assert '"192.0.2.7"' in kernel.sets[next(iter(aff))].elems
+    # every other set that exists is flushed and refilled
+    assert set(commands_of(commands, "flush", "set")) == {"cluster-ips", "nodeport-ips",
+                                                          "service-cidrs"}
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["partial sync", "full sync"])
+def test_a_changed_affinity_timeout_recreates_the_sets_after_flushing_their_users(
+    full: bool,
+) -> None:
+    state, kernel = table(2, svc1=frag(AFFINITY, [EP1, EP2]))
+    longer = frag(replace(AFFINITY, affinity_timeout=900), [EP1, EP2])
+    if full:
+        desired = {**state.fragments, SVC1.name: longer}
+        staged = stage_full(state, kernel.listing(), desired)
+    else:
+        staged = stage_partial(state, {SVC1.name: longer})
+    commands = apply(state, kernel, staged)
+    ops = _ops(commands)
+    aff = [names.affinity_set(SVC1.name, ep) for ep in (EP1, EP2)]
+    users = [names.service_chain(SVC1.name), *(names.endpoint_chain(SVC1.name, ep)
+                                              for ep in (EP1, EP2))]
+    for s in aff:
+        delete = ops.index(next(o for o in ops if o[:3] == ("delete", "set", s)))
+        add = ops.index(next(o for o in ops if o[:3] == ("add", "set", s)))
+        assert delete < add
+        assert "flush" not in {o[0] for o in ops if o[1] == "set" and o[2] == s}
+        for chain in users:
+            flush = ops.index(next(o for o in ops if o[:3] == ("flush", "chain", chain)))
+            first_rule = next(i for i, o in enumerate(ops) if o[:3] == ("add", "rule", chain))
+            assert flush < delete and add < first_rule
+        assert kernel.sets[s].timeout == 900
+    assert_same_as_full(state, kernel)
+
+
+# --- no-ops and failures ---------------------------------------------------------------
+
+VARIETY = [
+    pytest.param(SVC1, (EP1, EP2), id="ClusterIP"),
+    pytest.param(AFFINITY, (EP1, EP2), id="ClientIP affinity"),
+    pytest.param(replace(SVC1, node_port=3001, external_ips=("192.168.99.22",),
+                         load_balancer_ingress=(LoadBalancerIngress("1.2.3.4"),),
+                         load_balancer_source_ranges=("203.0.113.0/25",),
+                         external_traffic_policy=TrafficPolicy.LOCAL),
+                 (endpoint("10.180.0.1", local=True), EP2), id="everything external, eTP=Local"),
+    pytest.param(SVC1, (), id="no endpoints"),
+]
+
+
+@pytest.mark.parametrize(("port", "endpoints"), VARIETY)
+def test_an_identical_rerender_plans_zero_commands(
+    port: ServicePort, endpoints: tuple[Endpoint, ...]
+) -> None:
+    state, _ = table(5, svc1=frag(port, endpoints))
+    staged = stage_partial(state, {SVC1.name: frag(port, endpoints), SKELETON: SKEL})
+    assert staged.commands == []
+
+
+def test_a_failed_commit_leaves_the_state_as_it_was() -> None:
+    state, kernel = table(3, svc1=frag(AFFINITY, [EP1]))
+    partial(state, kernel, {SVC1.name: frag(SVC1, [EP1, EP2])}, defer=True)  # leaves stale sets
+    before = copy.deepcopy(state)
+    change: dict[Owner, Fragment | None] = {
+        SVC1.name: frag(AFFINITY, [EP2, EP3]), other(0).name: None}
+    first = stage_partial(state, change, defer_deletes=True)
+    full = stage_full(state, kernel.listing(), {SKELETON: SKEL})
+    gc = stage_gc(state)
+    assert first.commands and full.commands and gc.commands  # none of them committed
+    for attr in ("fragments", "chains", "sets", "stale_chains", "stale_sets"):
+        assert getattr(state, attr) == getattr(before, attr), attr
+    assert state.index.claims == before.index.claims
+    assert stage_partial(state, change, defer_deletes=True).commands == first.commands
+
+
+# --- transaction sizes -------------------------------------------------------------------
+
+
+def _one_endpoint() -> Fragment:
+    return frag(SVC1, [EP1])
+
+
+AC, AR, FC, DC = "add chain", "add rule", "flush chain", "delete chain"
+AE, DE = "add element", "delete element"
+
+SIZES = [
+    # (starting fragment of ns1/svc1 or None, its new fragment or None, commands by kind)
+    pytest.param(None, _one_endpoint(), {AC: 2, AR: 4, AE: 2},
+                 id="add a ClusterIP service with one endpoint"),
+    # chains SVC and SEP; rules: masquerade + goto SEP, hairpin + dnat;
+    # elements: cluster-ips and service-ips (one command per set)
+    pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {FC: 2, AC: 2, AR: 4, DC: 1},
+                 id="change one endpoint's IP"),
+    # SVC rewritten (flush, add, 2 rules), new SEP (add, 2 rules), old SEP flushed and deleted
+    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {FC: 1, AC: 2, AR: 5},
+                 id="add a second endpoint"),
+    # SVC rewritten (flush, add, masquerade + numgen + goto), new SEP (add, 2 rules)
+    pytest.param(_one_endpoint(), None, {FC: 2, DE: 2, DC: 2}, id="delete the service"),
+    # SVC and SEP flushed and deleted; cluster-ips and service-ips elements deleted
+    pytest.param(_one_endpoint(), _one_endpoint(), {}, id="no change"),
+    pytest.param(_one_endpoint(), frag(SVC1), {FC: 2, DE: 1, AE: 1, DC: 2},
+                 id="endpoints become none"),
+    # SVC and SEP flushed and deleted; service-ips -> no-endpoint-services (reject)
+    pytest.param(None, frag(SVC1), {AE: 2}, id="add a service without endpoints"),
+    # cluster-ips and no-endpoint-services elements
+    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AC: 2, AR: 4, AE: 1},
+                 id="its first endpoint"),
+    # no-endpoint-services -> service-ips, chains SVC and SEP with their 4 rules
+]
+
+
+@pytest.mark.parametrize(("start", "new", "expected"), SIZES)
+@pytest.mark.parametrize("others", [100, 1000])
+def test_partial_sync_size_is_pinned_and_independent_of_other_services(
+    start: Fragment | None, new: Fragment | None, expected: dict[str, int], others: int
+) -> None:
+    state, kernel = table(others, start)
+    commands = partial(state, kernel, {SVC1.name: new})
+    kinds = Counter(f"{verb} {kind}" for verb, kind, _, _ in _ops(commands))
+    assert kinds == Counter(expected)
+    assert len(commands) == sum(expected.values())
+    if others == 100:  # the full-sync comparison is slow at 1000
+        assert_same_as_full(state, kernel)
+
+
+# --- element claims -------------------------------------------------------------------
+
+SAME_IP = "172.30.0.41"
+A = service_port("a", ns="ns1", cluster_ip=SAME_IP)
+B = service_port("b", ns="ns2", cluster_ip=SAME_IP)
+
+
+def test_deleting_one_claimant_and_adding_another_hands_the_element_over_once() -> None:
+    state, kernel = fresh({SKELETON: SKEL, A.name: frag(A, [EP1])})
+    commands = partial(state, kernel, {A.name: None, B.name: frag(B, [EP2])})
+    ops = _ops(commands)
+    adds = [o[3]["elem"] for o in ops if o[:3] == ("add", "element", "service-ips")]
+    dels = [o[3]["elem"] for o in ops if o[:3] == ("delete", "element", "service-ips")]
+    assert len(adds) == 1 and len(adds[0]) == 1
+    assert adds[0][0][1] == {"goto": {"target": names.service_chain(B.name)}}
+    assert dels == [[{"concat": [SAME_IP, "tcp", 80]}]]
+    # cluster-ips keeps its element: same key, same (no) verdict
+    assert not [o for o in ops if o[1] == "element" and o[2] == "cluster-ips"]
+    assert_same_as_full(state, kernel)
+
+
+@pytest.mark.parametrize("order", ["a then b", "b then a", "together"])
+def test_two_claimants_resolve_to_the_same_winner_whatever_the_order(order: str) -> None:
+    state, kernel = fresh({SKELETON: SKEL})
+    fa: dict[Owner, Fragment | None] = {A.name: frag(A, [EP1])}
+    fb: dict[Owner, Fragment | None] = {B.name: frag(B, [EP2])}
+    steps = {"a then b": [fa, fb], "b then a": [fb, fa], "together": [{**fa, **fb}]}[order]
+    for step in steps:
+        commands = partial(state, kernel, step)
+        adds = [e for o in _ops(commands) if o[:3] == ("add", "element", "service-ips")
+                for e in o[3]["elem"]]
+        assert len(adds) <= 1
+    key = ("service-ips", (SAME_IP, "tcp", 80))
+    winner = state.index.effective(key)
+    assert winner is not None
+    assert winner.verdict is not None
+    assert winner.verdict.target == names.service_chain(A.name)  # ns1/a sorts before ns2/b
+    assert_same_as_full(state, kernel)
+    # the loser takes over when the winner leaves
+    partial(state, kernel, {A.name: None})
+    assert state.index.effective(key).verdict.target == names.service_chain(B.name)  # type: ignore[union-attr]
+    assert_same_as_full(state, kernel)
+
+
+# --- full sync against a listing ------------------------------------------------------
+
+
+def test_full_sync_removes_what_is_not_desired_and_recreates_a_rehooked_base_chain() -> None:
+    state, kernel = table(2, svc1=frag(AFFINITY, [EP1]))
+    kernel.commit([
+        {"add": {"chain": {"family": "ip", "table": "nftproxy", "name": "KUBE-SVC-LEFTOVER"}}},
+        {"add": {"set": {"family": "ip", "table": "nftproxy", "name": "leftover",
+                         "type": "ipv4_addr"}}},
+        {"flush": {"chain": {"family": "ip", "table": "nftproxy", "name": "nat-output"}}},
+        {"delete": {"chain": {"family": "ip", "table": "nftproxy", "name": "nat-output"}}},
+        {"add": {"chain": {"family": "ip", "table": "nftproxy", "name": "nat-output",
+                           "type": "nat", "hook": "output", "prio": -99, "policy": "accept"}}},
+    ])
+    commands = apply(state, kernel, stage_full(state, kernel.listing(), dict(state.fragments)))
+    assert "KUBE-SVC-LEFTOVER" in commands_of(commands, "delete", "chain")
+    assert "leftover" in commands_of(commands, "delete", "set")
+    assert kernel.hooks["nat-output"] == BaseHook("nat", "output", -100)
+    assert_same_as_full(state, kernel)
+
+
+def test_full_sync_with_deferred_deletes_leaves_leftovers_for_gc() -> None:
+    state, kernel = table(1, svc1=frag(SVC1, [EP1]))
+    desired = {o: f for o, f in state.fragments.items() if o != SVC1.name}
+    apply(state, kernel, stage_full(state, kernel.listing(), desired, defer_deletes=True))
+    assert state.stale_chains == {names.service_chain(SVC1.name),
+                                  names.endpoint_chain(SVC1.name, EP1)}
+    apply(state, kernel, stage_gc(state))
+    assert_same_as_full(state, kernel)
+
+
+def test_a_skeleton_change_rewrites_only_the_skeleton() -> None:
+    primary = replace(CONFIG, nodeport_addresses=("primary",))
+    before = render_skeleton(V4, primary, NODE, ("172.30.0.0/16",))
+    state, kernel = fresh({SKELETON: before, SVC1.name: frag(SVC1, [EP1])})
+    moved = replace(NODE, ipv4=("192.168.0.3",))
+    commands = partial(state, kernel, {SKELETON: render_skeleton(V4, primary, moved)})
+    assert {(v, k, n) for v, k, n, _ in _ops(commands)} == {
+        ("flush", "set", "nodeport-ips"), ("add", "element", "nodeport-ips"),
+        ("flush", "set", "service-cidrs")}
+    assert kernel.sets["nodeport-ips"].elems == {'"192.168.0.3"': None}
+    commands = partial(state, kernel, {SKELETON: SKEL})  # back to every local address
+    assert set(commands_of(commands, "add", "chain")) == {"KUBE-SERVICES",
+                                                          "KUBE-EXTERNAL-SERVICES"}
+    assert_same_as_full(state, kernel)
+
+
+# --- property: partial syncs end where a full sync ends --------------------------------
+
+_OWNER_POOL = [
+    service_port(name, ns=ns, protocol=protocol).name
+    for ns, name in [("ns1", "a"), ("ns1", "b"), ("ns2", "a")]
+    for protocol in (L4Protocol.TCP, L4Protocol.UDP)
+]
+_LBS = [(), ("1.2.3.4",), ("1.2.3.4", "5.6.7.8")]
+_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    # few cluster IPs and node ports, so that services collide
+    "cluster_ip": st.sampled_from(["172.30.0.1", "172.30.0.2", "172.30.0.3"]),
+    "port": st.sampled_from([80, 443]),
+    "node_port": st.sampled_from([0, 30001, 30002]),
+    "external_ips": st.sampled_from([(), ("192.168.99.22",)]),
+    "load_balancer_ingress": st.sampled_from(
+        [tuple(LoadBalancerIngress(ip) for ip in lbs) for lbs in _LBS]),
+    "load_balancer_source_ranges": st.sampled_from(
+        [(), ("203.0.113.0/25",), ("192.168.0.0/16", "203.0.113.0/24")]),
+    "external_traffic_policy": st.sampled_from(list(TrafficPolicy)),
+    "internal_traffic_policy": st.sampled_from(list(TrafficPolicy)),
+    "session_affinity": st.sampled_from(list(SessionAffinity)),
+    "affinity_timeout": st.sampled_from([60, 10800]),
+}
+
+
+@st.composite
+def _endpoints(draw: st.DrawFn) -> tuple[Endpoint, ...]:
+    eps = []
+    for ip in draw(st.lists(st.sampled_from([f"10.180.0.{i}" for i in range(1, 6)]),
+                            unique=True, max_size=4)):
+        ready = draw(st.booleans())
+        eps.append(endpoint(ip, local=draw(st.booleans()), ready=ready,
+                            terminating=not ready, serving=draw(st.booleans())))
+    return tuple(eps)
+
+
+Spec = tuple[ServicePort, tuple[Endpoint, ...]]
+
+
+@st.composite
+def _new_spec(draw: st.DrawFn, owner: ServicePortName) -> Spec:
+    """A random service port named `owner` with random endpoints and policies."""
+    fields = {k: draw(v) for k, v in _FIELDS.items()}
+    port = service_port(owner.name, ns=owner.namespace, protocol=owner.protocol, **fields)
+    return port, draw(_endpoints())
+
+
+@st.composite
+def _tweaked_spec(draw: st.DrawFn, spec: Spec) -> Spec:
+    """`spec` with one thing changed: its endpoints or one field."""
+    port, eps = spec
+    what = draw(st.sampled_from(["endpoints", *_FIELDS]))
+    if what == "endpoints":
+        return port, draw(_endpoints())
+    return replace(port, **{what: draw(_FIELDS[what])}), eps
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), defer=st.booleans(), gc_every=st.integers(1, 3))
+def test_successive_partial_syncs_equal_one_full_sync(
+    data: st.DataObject, defer: bool, gc_every: int
+) -> None:
+    """Random syncs (each adds, tweaks or deletes a few service ports; mostly
+    partial, some full against the kernel's listing), with or without deferred
+    deletes, then one last gc: the planner's state and the kernel equal a full
+    sync of the final fragments into a fresh table."""
+    state, kernel = fresh({SKELETON: SKEL})
+    specs: dict[ServicePortName, Spec] = {}
+    gone: dict[ServicePortName, Spec] = {}
+    for n in range(1, data.draw(st.integers(1, 8), label="syncs") + 1):
+        step: dict[Owner, Fragment | None] = {}
+        owners = data.draw(st.lists(st.sampled_from(_OWNER_POOL), unique=True, min_size=1,
+                                    max_size=3), label="owners")
+        for owner in owners:
+            current = specs.get(owner)
+            if current is not None:
+                action = data.draw(st.sampled_from(["new", "tweak", "delete"]))
+            else:  # a deleted port may come back, changed, while its chains are stale
+                action = data.draw(st.sampled_from(["new", "revive"] if owner in gone else ["new"]))
+            if action == "delete":
+                gone[owner] = specs.pop(owner)
+                step[owner] = None
+                continue
+            previous = current if action == "tweak" else gone.get(owner)
+            specs[owner] = data.draw(
+                _new_spec(owner) if action == "new" or previous is None
+                else _tweaked_spec(previous))
+            step[owner] = frag(*specs[owner])
+        if data.draw(st.integers(0, 4), label="full sync?") == 0:
+            desired = {o: f for o, f in {**state.fragments, **step}.items() if f is not None}
+            apply(state, kernel, stage_full(state, kernel.listing(), desired, defer_deletes=defer))
+        else:
+            partial(state, kernel, step, defer=defer)
+        if n % gc_every == 0:
+            apply(state, kernel, stage_gc(state))
+    apply(state, kernel, stage_gc(state))
+    assert set(state.fragments) == {SKELETON, *specs}
+    assert_same_as_full(state, kernel)
