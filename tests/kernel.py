@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import subprocess
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from nftproxy import netns
 
 __all__ = [
     "NETNS_PREFIX",
+    "canonical",
     "fresh_netns",
     "host_nft",
     "leaked_namespaces",
@@ -120,3 +122,32 @@ def normalize(doc: dict[str, Any] | None) -> list[dict[str, Any]] | None:
             obj["elem"] = sorted(obj["elem"], key=lambda e: json.dumps(e, sort_keys=True))
         out.append({kind: obj})
     return out
+
+
+def canonical(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A listing compared by content: chains, rules in order, sets with sorted
+    elements; handles and listing order ignored."""
+    if doc is None:
+        return None
+    chains: dict[str, Any] = {}
+    rules: dict[str, list[Any]] = defaultdict(list)
+    sets: dict[str, Any] = {}
+    for item in doc["nftables"]:
+        ((kind, obj),) = item.items()
+        if kind == "chain":
+            chains[obj["name"]] = [obj.get(k) for k in ("type", "hook", "prio", "policy")]
+        elif kind == "rule":
+            rules[obj["chain"]].append(
+                [json.dumps(obj["expr"], sort_keys=True), obj.get("comment")]
+            )
+        elif kind in ("set", "map"):
+            elems = sorted(json.dumps(e, sort_keys=True) for e in obj.get("elem", []))
+            sets[obj["name"]] = [
+                kind,
+                obj.get("type"),
+                obj.get("map"),
+                obj.get("flags"),
+                obj.get("timeout"),
+                elems,
+            ]
+    return {"chains": chains, "rules": dict(rules), "sets": sets}

@@ -14,7 +14,6 @@ Aspects:
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,37 +35,8 @@ CONFIG = ProxyConfig(
 )
 
 
-def canonical(doc: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A listing compared by content: chains, rules in order, sets with sorted
-    elements; handles and listing order ignored."""
-    if doc is None:
-        return None
-    chains: dict[str, Any] = {}
-    rules: dict[str, list[Any]] = defaultdict(list)
-    sets: dict[str, Any] = {}
-    for item in doc["nftables"]:
-        ((kind, obj),) = item.items()
-        if kind == "chain":
-            chains[obj["name"]] = [obj.get(k) for k in ("type", "hook", "prio", "policy")]
-        elif kind == "rule":
-            rules[obj["chain"]].append(
-                [json.dumps(obj["expr"], sort_keys=True), obj.get("comment")]
-            )
-        elif kind in ("set", "map"):
-            elems = sorted(json.dumps(e, sort_keys=True) for e in obj.get("elem", []))
-            sets[obj["name"]] = [
-                kind,
-                obj.get("type"),
-                obj.get("map"),
-                obj.get("flags"),
-                obj.get("timeout"),
-                elems,
-            ]
-    return {"chains": chains, "rules": dict(rules), "sets": sets}
-
-
 def listing(backend: NftBackend) -> dict[str, Any]:
-    return {f: canonical(backend.list_table(f, CONFIG.table_name)) for f in ("ip", "ip6")}
+    return {f: kernel.canonical(backend.list_table(f, CONFIG.table_name)) for f in ("ip", "ip6")}
 
 
 @pytest.fixture

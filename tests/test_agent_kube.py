@@ -1,0 +1,155 @@
+"""The agent against an API server (the fake one, speaking the real protocol,
+driven by the real kubernetes client).
+
+Aspects:
+- after a burst of 1,000 changes interleaved with a forced 410 Gone and a
+  dropped watch connection, the agent's table equals the table one full sync
+  of the API's final state builds;
+- nothing is programmed before both initial lists are complete.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import kernel
+import pytest
+from fakeapi import FakeApiServer
+from k8s import endpoint_slice, node, service
+
+from nftproxy.agent import Agent, Source
+from nftproxy.config import ProxyConfig
+from nftproxy.nft.fake import FakeBackend
+from nftproxy.proxier import Proxier
+from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents
+from nftproxy.sources.kube import KubeSource
+
+NODE = "node-a"
+CONFIG = ProxyConfig(
+    node_name=NODE,
+    cluster_cidrs=("10.244.0.0/16",),
+    min_sync_period=0.05,
+    sync_period=1.0,
+    healthz_bind_address="",
+    metrics_bind_address="",
+)
+
+
+def _listing(backend: FakeBackend) -> dict[str, Any]:
+    return {f: kernel.canonical(backend.list_table(f, CONFIG.table_name)) for f in ("ip", "ip6")}
+
+
+def _expected(api: FakeApiServer) -> dict[str, Any]:
+    """One full sync of the API's current objects, on a fresh fake kernel."""
+    backend = FakeBackend()
+    backend.start()
+    proxier = Proxier(CONFIG, backend)
+    for obj in api.objects("Node").values():
+        proxier.on_node(obj)
+    for obj in api.objects("Service").values():
+        proxier.on_service(None, obj)
+    for obj in api.objects("EndpointSlice").values():
+        proxier.on_endpoint_slice(None, obj)
+    proxier.on_synced(KIND_SERVICES)
+    proxier.on_synced(KIND_ENDPOINT_SLICES)
+    proxier.sync()
+    return _listing(backend)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        server.create(node(NODE, ["192.168.50.1"]))
+        yield server
+
+
+def _agent(api: FakeApiServer, backend: FakeBackend, sources: list[KubeSource]) -> Agent:
+    client = api.api_client()
+
+    def source_factory(handler: ClusterEvents) -> Source:
+        source = KubeSource(client, handler, node_name=NODE, backoff_initial=0.05, backoff_max=0.2)
+        sources.append(source)
+        return source
+
+    return Agent(CONFIG, backend=backend, source_factory=source_factory)
+
+
+def _wait(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the agent")
+        time.sleep(0.05)
+
+
+def _burst(api: FakeApiServer, rng: random.Random, count: int) -> None:
+    for _ in range(count):
+        i = rng.randrange(60)
+        name = f"s{i}"
+        roll = rng.random()
+        if roll < 0.2:
+            for kind in ("Service", "EndpointSlice"):
+                key = f"{name}-ipv4" if kind == "EndpointSlice" else name
+                if api.get(kind, key, "ns") is not None:
+                    api.delete(kind, key, "ns")
+            continue
+        if roll < 0.5:
+            api.apply(
+                service(
+                    name,
+                    f"10.96.0.{i + 1}",
+                    type=rng.choice(["ClusterIP", "NodePort"]),
+                    node_ports=[30000 + i],
+                )
+            )
+        ips = rng.sample(
+            [f"10.244.{n}.{h}" for n in (0, 1) for h in range(2, 12)], rng.randrange(4)
+        )
+        api.apply(
+            endpoint_slice(
+                name, [(ip, NODE if ".0." in ip else "node-b") for ip in ips], family="IPv4"
+            )
+        )
+
+
+def test_agent_converges_after_a_burst_with_a_410_and_a_dropped_connection(
+    api: FakeApiServer,
+) -> None:
+    rng = random.Random(1)
+    _burst(api, rng, 200)
+    backend = FakeBackend()
+    sources: list[KubeSource] = []
+    agent = _agent(api, backend, sources)
+    agent.start()
+    try:
+        assert agent.synced.wait(30), "no first sync"
+        _burst(api, rng, 300)
+        api.force_gone()
+        _burst(api, rng, 200)
+        api.drop_watches()
+        _burst(api, rng, 300)
+        expected = _expected(api)
+        _wait(lambda: _listing(backend) == expected)
+        relists = sources[0].stats["services"].relists
+    finally:
+        agent.stop()
+    assert relists >= 1, "the forced 410 must have caused a re-list"
+
+
+def test_nothing_is_programmed_before_both_lists_complete(api: FakeApiServer) -> None:
+    api.create(service("web", "10.96.0.10"))
+    api.create(endpoint_slice("web", ["10.244.0.2"]))
+    api.fail_requests(4, resource="endpointslices", status=500)
+    backend = FakeBackend()
+    agent = _agent(api, backend, [])
+    agent.start()
+    try:
+        time.sleep(0.3)
+        assert backend.list_table("ip", CONFIG.table_name) is None, "programmed before synced"
+        assert agent.synced.wait(30)
+        assert "10.96.0.10" in str(backend.list_table("ip", CONFIG.table_name))
+    finally:
+        agent.stop()
