@@ -92,12 +92,10 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
-import queue
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -603,70 +601,6 @@ def _flow_of(family: IPFamily, msg: Any) -> Flow | None:
     )
 
 
-_Job = tuple[Callable[[_Sockets], Any], "Future[Any]"]
-
-
-class _Worker:
-    """The thread that owns the sockets (pyroute2 keeps them per thread)."""
-
-    def __init__(self, netns: str | None) -> None:
-        self._netns = netns
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._stopped = False
-
-    def start(self) -> None:
-        ready: Future[None] = Future()
-        name = f"conntrack-{self._netns}" if self._netns else "conntrack"
-        self._thread = threading.Thread(target=self._serve, args=(ready,), name=name, daemon=True)
-        self._thread.start()
-        try:
-            ready.result()
-        except BaseException:
-            self._thread.join()
-            raise
-
-    def _serve(self, ready: Future[None]) -> None:
-        try:
-            if self._netns is not None:
-                _netns.enter(self._netns)  # never creates the namespace
-            sockets = _Sockets()
-        except BaseException as exc:  # the caller waits on `ready`: always answer it
-            error = ConntrackUnavailable(
-                f"cannot open conntrack sockets (netns {self._netns}): {exc}"
-            )
-            error.__cause__ = exc
-            ready.set_exception(error)
-            return
-        ready.set_result(None)
-        try:
-            while (job := self._jobs.get()) is not None:
-                fn, future = job
-                try:
-                    future.set_result(fn(sockets))
-                except BaseException as exc:
-                    future.set_exception(exc)
-                del job, fn, future
-        finally:
-            sockets.close()
-
-    def call(self, fn: Callable[[_Sockets], T]) -> T:
-        future: Future[T] = Future()
-        with self._lock:
-            if self._stopped:
-                raise RuntimeError("Conntrack closed")
-            self._jobs.put((fn, future))
-        return future.result()
-
-    def stop(self) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-            self._jobs.put(None)
-        if self._thread is not None:
-            self._thread.join()
 
 
 class Conntrack:
@@ -683,7 +617,7 @@ class Conntrack:
     ) -> None:
         self._netns = netns
         self._clock = clock
-        self._worker: _Worker | None = None
+        self._worker: _netns.Worker[_Sockets] | None = None
         self._lock = threading.Lock()
 
     def __enter__(self) -> Conntrack:
@@ -702,7 +636,15 @@ class Conntrack:
         with self._lock:
             if self._worker is not None:
                 raise RuntimeError("Conntrack already started")
-            worker = _Worker(self._netns)
+            worker = _netns.Worker(
+                self._netns,
+                _Sockets,
+                name="conntrack",
+                close_resource=_Sockets.close,
+                wrap_error=lambda exc: ConntrackUnavailable(
+                    f"cannot open conntrack sockets (netns {self._netns}): {exc}"
+                ),
+            )
             worker.start()
             self._worker = worker
 

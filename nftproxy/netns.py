@@ -28,16 +28,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import secrets
 import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "NETNS_DIR",
     "NetnsError",
+    "Worker",
     "create",
     "delete",
     "enter",
@@ -52,6 +55,7 @@ NETNS_DIR = Path("/run/netns")
 _CLONE_NEWNET = 0x40000000
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class NetnsError(OSError):
@@ -172,3 +176,94 @@ def temporary(prefix: str) -> Iterator[str]:
     finally:
         if exists(name):
             delete(name)
+
+
+class Worker(Generic[R]):
+    """A thread that lives in one network namespace and owns a resource
+    there, serving calls on it one at a time.
+
+    For kernel handles bound to the namespace of the thread that opened them
+    and unsafe to share between threads: a libnftables context (nft.backend)
+    and pyroute2 conntrack sockets (conntrack). `open_resource` runs on the
+    worker after it entered `netns` (None: stay in the caller's namespace);
+    its exception -- wrapped by `wrap_error` -- is raised from start().
+    `close_resource` runs on the worker when it stops.
+    """
+
+    def __init__(
+        self,
+        netns: str | None,
+        open_resource: Callable[[], R],
+        *,
+        name: str,
+        close_resource: Callable[[R], None] | None = None,
+        wrap_error: Callable[[BaseException], BaseException] | None = None,
+    ) -> None:
+        self._netns = netns
+        self._open = open_resource
+        self._close = close_resource
+        self._wrap = wrap_error
+        self._name = f"{name}-{netns}" if netns else name
+        self._jobs: queue.SimpleQueue[tuple[Callable[[R], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # no job may queue up behind the stop
+        self._stopped = False
+
+    def start(self) -> None:
+        ready: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._serve, args=(ready,), name=self._name, daemon=True
+        )
+        self._thread.start()
+        try:
+            ready.result()
+        except BaseException:
+            self._thread.join()
+            raise
+
+    def _serve(self, ready: Future[None]) -> None:
+        try:
+            if self._netns is not None:
+                enter(self._netns)  # never creates the namespace
+            resource = self._open()
+        except BaseException as exc:  # the caller waits on `ready`: always answer it
+            if self._wrap is not None:
+                wrapped = self._wrap(exc)
+                if wrapped is not exc:
+                    wrapped.__cause__ = exc
+                exc = wrapped
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        try:
+            while (job := self._jobs.get()) is not None:
+                fn, future = job
+                try:
+                    future.set_result(fn(resource))
+                except BaseException as exc:
+                    future.set_exception(exc)
+                del job, fn, future
+        finally:
+            if self._close is not None:
+                self._close(resource)
+            del resource  # freed on the thread that made it
+
+    def call(self, fn: Callable[[R], T]) -> T:
+        future: Future[T] = Future()
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError(f"{self._name} closed")
+            self._jobs.put((fn, future))
+        return future.result()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._jobs.put(None)
+        if self._thread is not None:
+            self._thread.join()
+

@@ -38,10 +38,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -281,67 +279,12 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-_Job = tuple[Callable[[Any], Any], "Future[Any]"]
 
 
-class _ContextThread:
-    """The thread that owns a libnftables context and runs jobs on it."""
-
-    def __init__(self, netns: str | None) -> None:
-        self._netns = netns
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()  # no job may queue up behind the stop
-        self._stopped = False
-
-    def start(self) -> None:
-        ready: Future[None] = Future()
-        name = f"nft-{self._netns}" if self._netns else "nft"
-        self._thread = threading.Thread(target=self._serve, args=(ready,), name=name, daemon=True)
-        self._thread.start()
-        try:
-            ready.result()
-        except BaseException:
-            self._thread.join()
-            raise
-
-    def _serve(self, ready: Future[None]) -> None:
-        try:
-            if self._netns is not None:
-                try:
-                    _netns.enter(self._netns)
-                except OSError as exc:
-                    raise NftUnavailable(f"cannot enter netns {self._netns!r}: {exc}") from exc
-            ctx = _new_context()
-        except BaseException as exc:
-            ready.set_exception(exc)
-            return
-        ready.set_result(None)
-        while (job := self._jobs.get()) is not None:
-            fn, future = job
-            try:
-                future.set_result(fn(ctx))
-            except BaseException as exc:
-                future.set_exception(exc)
-            del job, fn, future
-        del ctx  # freed on the thread that made it
-
-    def call(self, fn: Callable[[Any], T]) -> T:
-        future: Future[T] = Future()
-        with self._lock:
-            if self._stopped:
-                raise RuntimeError("NftBackend closed")
-            self._jobs.put((fn, future))
-        return future.result()
-
-    def stop(self) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-            self._jobs.put(None)
-        if self._thread is not None:
-            self._thread.join()
+def _unavailable(exc: BaseException) -> BaseException:
+    if isinstance(exc, NftUnavailable):
+        return exc
+    return NftUnavailable(f"cannot create a libnftables context: {exc}")
 
 
 class NftBackend:
@@ -354,7 +297,7 @@ class NftBackend:
 
     def __init__(self, *, netns: str | None = None) -> None:
         self._netns = netns
-        self._worker: _ContextThread | None = None
+        self._worker: _netns.Worker[Any] | None = None
         self._lock = threading.Lock()
 
     def __enter__(self) -> NftBackend:
@@ -373,7 +316,12 @@ class NftBackend:
         with self._lock:
             if self._worker is not None:
                 raise RuntimeError("NftBackend already started")
-            worker = _ContextThread(self._netns)
+            worker: _netns.Worker[Any] = _netns.Worker(
+                self._netns,
+                _new_context,
+                name="nft",
+                wrap_error=_unavailable,
+            )
             worker.start()
             self._worker = worker
 
