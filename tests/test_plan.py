@@ -121,7 +121,7 @@ class Kernel:
     hooks: dict[str, BaseHook | None] = field(default_factory=dict)
     sets: dict[str, _Set] = field(default_factory=dict)
 
-    def commit(self, commands: Sequence[Json]) -> None:
+    def commit(self, commands: Sequence[Json], *, fresh: bool = False) -> None:
         """Apply all or nothing, like one libnftables transaction."""
         work = copy.deepcopy(self)
         for i, command in enumerate(commands):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nftproxy.rules import names
-from nftproxy.rules.fragment import Chain, Element, Json, Key, Rule, SetDecl
+from nftproxy.rules.fragment import Chain, CompactChain, Element, Json, Key, Rule, SetDecl
 
 __all__ = ["OpError", "Table"]
 
@@ -55,7 +55,7 @@ class Table:
     def delete_table(self) -> Json:
         return {"delete": {"table": {"family": self.family, "name": self.name}}}
 
-    def add_chain(self, chain: Chain) -> Json:
+    def add_chain(self, chain: Chain | CompactChain) -> Json:
         fields = self._obj(name=_check_name(chain.name))
         if chain.hook is not None:
             h = chain.hook
@@ -72,7 +72,7 @@ class Table:
         fields = self._obj(chain=chain, expr=list(rule.expr))
         return {"add": {"rule": _comment(fields, rule.comment)}}
 
-    def add_rules(self, chain: Chain) -> list[Json]:
+    def add_rules(self, chain: Chain | CompactChain) -> list[Json]:
         return [self.add_rule(chain.name, r) for r in chain.rules]
 
     def add_set(self, decl: SetDecl) -> Json:

@@ -30,7 +30,18 @@ from dataclasses import dataclass, field
 
 from nftproxy.model import IPFamily, ServicePortName
 from nftproxy.nft.ops import Table
-from nftproxy.rules.fragment import BaseHook, Chain, Element, Fragment, Json, Key, SetDecl
+from nftproxy.rules.fragment import (
+    BaseHook,
+    Chain,
+    CompactChain,
+    CompactFragment,
+    Element,
+    Fragment,
+    Json,
+    Key,
+    SetDecl,
+    compact,
+)
 
 __all__ = [
     "SKELETON",
@@ -113,15 +124,16 @@ class TableState:
 
     family: IPFamily
     table: Table
-    fragments: dict[Owner, Fragment] = field(default_factory=dict)
-    chains: dict[str, Chain] = field(default_factory=dict)
+    fragments: dict[Owner, CompactFragment] = field(default_factory=dict)
+    chains: dict[str, CompactChain] = field(default_factory=dict)
     sets: dict[str, SetDecl] = field(default_factory=dict)
     index: ElementIndex = field(default_factory=ElementIndex)
     stale_chains: set[str] = field(default_factory=set)
     stale_sets: dict[str, bool] = field(default_factory=dict)
     """Flushed-but-not-deleted objects awaiting stage_gc (set name -> is map)."""
 
-    def adopt(self, owner: Owner, fragment: Fragment | None) -> None:
+    def adopt(self, owner: Owner, fragment: Fragment | CompactFragment | None) -> None:
+        fragment = compact(fragment) if fragment is not None else None
         old = self.fragments.pop(owner, None)
         if old is not None:
             for c in old.chains:
@@ -173,7 +185,7 @@ class Staged:
         self.record()
 
 
-def _write_chain(b: _Batch, t: Table, chain: Chain, *, exists: bool) -> None:
+def _write_chain(b: _Batch, t: Table, chain: Chain | CompactChain, *, exists: bool) -> None:
     if exists:
         b.flush.append(t.flush_chain(chain.name))
     b.add_chains.append(t.add_chain(chain))
@@ -225,18 +237,15 @@ def _diff_sets(
     return redeclared
 
 
-def _refs(chain: Chain, set_names: set[str]) -> bool:
-    if not set_names:
-        return False
-    text = repr(chain.rules)
-    return any("@" + s in text for s in set_names)
+def _refs(chain: CompactChain, set_names: set[str]) -> bool:
+    return any(f'"@{s}"' in chain.body for s in set_names)
 
 
 def _diff_chains(
     b: _Batch,
     state: TableState,
-    old: Fragment | None,
-    new: Fragment | None,
+    old: CompactFragment | None,
+    new: CompactFragment | None,
     redeclared: set[str],
     stale: set[str],
     defer: bool,
@@ -257,9 +266,10 @@ def _diff_chains(
             _remove_chain(b, t, name, defer=defer, stale=stale)
 
 
-def _diff_elements(
-    b: _Batch, index: ElementIndex, changes: Mapping[Owner, tuple[Fragment | None, Fragment | None]]
-) -> int:
+_Change = tuple[CompactFragment | None, CompactFragment | None]
+
+
+def _diff_elements(b: _Batch, index: ElementIndex, changes: Mapping[Owner, _Change]) -> int:
     """Resolve claims of the changed owners against everyone's; emit the
     effective changes. Returns the number of element changes."""
     touched: dict[ElemId, dict[Owner, Element]] = {}
@@ -289,12 +299,18 @@ def _diff_elements(
 
 
 def stage_partial(
-    state: TableState, desired: Mapping[Owner, Fragment | None], *, defer_deletes: bool = False
+    state: TableState,
+    desired: Mapping[Owner, Fragment | CompactFragment | None],
+    *,
+    defer_deletes: bool = False,
 ) -> Staged:
     """Plan the changes of the owners in `desired` (None = owner gone)."""
-    changes = {
-        o: (state.fragments.get(o), f) for o, f in desired.items() if state.fragments.get(o) != f
-    }
+    changes: dict[Owner, _Change] = {}
+    for owner, fragment in desired.items():
+        new = compact(fragment) if fragment is not None else None
+        old = state.fragments.get(owner)
+        if old != new:
+            changes[owner] = (old, new)
     b = _Batch()
     stale, stale_sets = set(state.stale_chains), dict(state.stale_sets)
     for old, new in changes.values():
@@ -352,7 +368,7 @@ def _full_chains(
     b: _Batch,
     t: Table,
     kernel: KernelTable,
-    desired: Mapping[str, Chain],
+    desired: Mapping[str, Chain | CompactChain],
     stale: set[str],
     defer: bool,
 ) -> None:
@@ -370,7 +386,7 @@ def _full_chains(
 def stage_full(
     state: TableState,
     kernel: KernelTable | None,
-    desired: Mapping[Owner, Fragment],
+    desired: Mapping[Owner, Fragment | CompactFragment],
     *,
     defer_deletes: bool = False,
 ) -> Staged:
@@ -381,7 +397,9 @@ def stage_full(
         fresh.adopt(owner, fragment)
     kernel = kernel or KernelTable({}, {})
     t, b = state.table, _Batch(head=[state.table.add_table()])
-    _full_chains(b, t, kernel, fresh.chains, fresh.stale_chains, defer_deletes)
+    # Rules are emitted from the rendered chains (no JSON round trip).
+    chains = {c.name: c for f in desired.values() for c in f.chains}
+    _full_chains(b, t, kernel, chains, fresh.stale_chains, defer_deletes)
     _full_sets(b, t, kernel, fresh.sets, fresh.stale_sets, defer_deletes)
     for elem_id in fresh.index.claims:
         e = fresh.index.effective(elem_id)

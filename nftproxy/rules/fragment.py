@@ -10,6 +10,7 @@ index them cheaply, and are turned into JSON only when a command is emitted.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ from nftproxy.model import IPFamily
 __all__ = [
     "BaseHook",
     "Chain",
+    "CompactChain",
+    "CompactFragment",
     "Element",
     "Fragment",
     "Json",
@@ -26,6 +29,7 @@ __all__ = [
     "Rule",
     "SetDecl",
     "Verdict",
+    "compact",
 ]
 
 Json = Mapping[str, Any]
@@ -123,3 +127,49 @@ class Fragment:
 
     def chain_names(self) -> frozenset[str]:
         return frozenset(c.name for c in self.chains)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactChain:
+    """A chain as the committed state keeps it: its rules as one JSON text.
+
+    Python dicts cost ~1 KB per rule; 10,000 services x 10 endpoints hold
+    ~250,000 rules, so the state of the last commit keeps this form (equal
+    rules give equal text, since renderers are deterministic).
+    """
+
+    name: str
+    hook: BaseHook | None
+    body: str
+    size: int
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return tuple(Rule(tuple(e), c) for e, c in json.loads(self.body))
+
+
+@dataclass(frozen=True, slots=True)
+class CompactFragment:
+    """A Fragment whose chains are CompactChains (see there)."""
+
+    family: IPFamily
+    chains: tuple[CompactChain, ...] = ()
+    sets: tuple[SetDecl, ...] = ()
+    elements: tuple[Element, ...] = ()
+
+    def chain_names(self) -> frozenset[str]:
+        return frozenset(c.name for c in self.chains)
+
+
+def _compact_chain(chain: Chain | CompactChain) -> CompactChain:
+    if isinstance(chain, CompactChain):
+        return chain
+    body = json.dumps([[list(r.expr), r.comment] for r in chain.rules], separators=(",", ":"))
+    return CompactChain(chain.name, chain.hook, body, len(chain.rules))
+
+
+def compact(fragment: Fragment | CompactFragment) -> CompactFragment:
+    if isinstance(fragment, CompactFragment):
+        return fragment
+    chains = tuple(_compact_chain(c) for c in fragment.chains)
+    return CompactFragment(fragment.family, chains, fragment.sets, fragment.elements)
