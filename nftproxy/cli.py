@@ -389,8 +389,13 @@ def _cmd_demo(args: argparse.Namespace, config: ProxyConfig) -> int:
     if args.node_name is None:
         config = replace(config, node_name="")
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set())
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(*_: object) -> None:
+        # set() from another thread: the handler runs in the main thread,
+        # which may hold stop's lock at that moment (inside stop.wait)
+        threading.Thread(target=stop.set, name="demo-stop", daemon=True).start()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     logger = logging.getLogger("nftproxy")
     level = logger.level
     if not args.verbose:
