@@ -254,8 +254,12 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
         trim_memory=malloc_trim,
     )
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set())
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    def on_signal(*_: object) -> None:
+        # Not stop.set() here: the handler may run while this thread holds
+        # the Event's lock inside stop.wait(), and the lock is not reentrant.
+        threading.Thread(target=stop.set, name="run-stop", daemon=True).start()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         agent.run(stop)
     except (SourceError, NftError, OSError) as exc:
