@@ -294,7 +294,8 @@ def _file_source(paths: Sequence[str], node_name: str) -> SourceFactory:
 
 def _kube_source(kubeconfig: str | None, node_name: str) -> tuple[SourceFactory, BindErrorCallback]:
     try:  # imported lazily: the kubernetes client costs ~0.5 s to import
-        from nftproxy.sources.kube import EventRecorder, KubeSource, from_config
+        from nftproxy.sources.kube import KubeSource, from_config
+        from nftproxy.sources.kube_events import EventRecorder
     except ImportError as exc:
         raise _StartError(f"the API server source is unavailable ({exc}); "
                           "use --source FILE") from None

@@ -36,11 +36,11 @@ from kubernetes import client as k8s_client
 from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, Obj
 from nftproxy.sources.kube import (
     LABEL_SELECTOR,
-    EventRecorder,
     KubeSource,
     api_calls,
     from_config,
 )
+from nftproxy.sources.kube_events import EventRecorder
 
 NODE = "node-a"
 PROXY_NAME = "service.kubernetes.io/service-proxy-name"
