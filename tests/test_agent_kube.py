@@ -127,6 +127,7 @@ def test_agent_converges_after_a_burst_with_a_410_and_a_dropped_connection(
     try:
         assert agent.synced.wait(30), "no first sync"
         _burst(api, rng, 300)
+        api.wait_watchers("services")  # the 410 goes to open watches only
         api.force_gone()
         _burst(api, rng, 200)
         api.drop_watches()

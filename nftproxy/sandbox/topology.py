@@ -286,7 +286,7 @@ def _flush_conntrack() -> None:
 # --- building ------------------------------------------------------------------
 
 
-def _ip_batch(ns: str, commands: Sequence[str]) -> None:
+def ip_batch(ns: str, commands: Sequence[str]) -> None:
     """Run `ip` commands in one process (`ip -n NS -batch -`); the first
     failing command aborts the batch and names itself."""
     text = "\n".join(commands) + "\n"
@@ -302,7 +302,7 @@ def _ip_batch(ns: str, commands: Sequence[str]) -> None:
         raise TopologyError(f"ip -n {ns}: {proc.stderr.strip() or proc.returncode}")
 
 
-def _sysctls(ns: str, values: Mapping[str, str | int]) -> None:
+def sysctls(ns: str, values: Mapping[str, str | int]) -> None:
     """Write net.* sysctls inside `ns` (one thread that entered it); keys in
     _OPTIONAL_SYSCTLS are skipped where the kernel lacks them."""
 
@@ -318,13 +318,13 @@ def _sysctls(ns: str, values: Mapping[str, str | int]) -> None:
     netns.run_in(ns, write)
 
 
-_COMMON_SYSCTLS: dict[str, str | int] = {
+COMMON_SYSCTLS: dict[str, str | int] = {
     # addresses usable at once (DAD would keep them tentative for a second)
     "net.ipv6.conf.all.accept_dad": 0,
     "net.ipv6.conf.default.accept_dad": 0,
 }
-_NODE_SYSCTLS: dict[str, str | int] = {
-    **_COMMON_SYSCTLS,
+NODE_SYSCTLS: dict[str, str | int] = {
+    **COMMON_SYSCTLS,
     "net.ipv4.ip_forward": 1,
     "net.ipv6.conf.all.forwarding": 1,
     "net.ipv4.conf.all.rp_filter": 0,
@@ -424,7 +424,7 @@ def _client_commands(spec: Spec) -> list[str]:
     return cmds
 
 
-def _start_backend(pod: Pod, spec: Spec, sctp: bool) -> subprocess.Popen[bytes]:
+def start_backend(pod: Pod, spec: Spec, sctp: bool) -> subprocess.Popen[bytes]:
     argv = [
         "ip", "netns", "exec", pod.netns,
         sys.executable, "-m", "nftproxy.sandbox.backends", "--name", pod.name,
@@ -445,7 +445,7 @@ def _start_backend(pod: Pod, spec: Spec, sctp: bool) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait_ready(procs: Mapping[str, subprocess.Popen[bytes]]) -> None:
+def wait_ready(procs: Mapping[str, subprocess.Popen[bytes]]) -> None:
     """Every backend prints `ready` once bound; fail with its stderr if not."""
     pending = {p.stdout.fileno(): (name, p) for name, p in procs.items() if p.stdout}
     deadline = time.monotonic() + _READY_TIMEOUT
@@ -469,7 +469,7 @@ def _wait_ready(procs: Mapping[str, subprocess.Popen[bytes]]) -> None:
                     raise TopologyError(f"backend {name} failed: {err.decode().strip()}")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """End one backend we started: EOF on stdin, then SIGTERM, then SIGKILL."""
     with contextlib.suppress(OSError):
         if proc.stdin:
@@ -488,7 +488,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             stream.close()
 
 
-def _new_namespace(stack: contextlib.ExitStack, role: str, token: str) -> str:
+def new_namespace(stack: contextlib.ExitStack, role: str, token: str) -> str:
     name = f"nftpx-{role}-{os.getpid()}-{token}"
     try:
         netns.create(name)
@@ -512,30 +512,30 @@ def build(spec: Spec) -> Iterator[Topology]:
         raise ValueError(f"pod names must be unique and not node/client: {names}")
     token = secrets.token_hex(3)
     with contextlib.ExitStack() as stack:
-        node = _new_namespace(stack, "node", token)
-        client = _new_namespace(stack, "cli", token)
+        node = new_namespace(stack, "node", token)
+        client = new_namespace(stack, "cli", token)
         pods: list[Pod] = []
         for i, p in enumerate(spec.pods):
-            ns = _new_namespace(stack, p.name, token)
+            ns = new_namespace(stack, p.name, token)
             gw4, gw6 = (
                 (BRIDGE_IPV4, BRIDGE_IPV6) if p.bridge else (POD_GATEWAY_IPV4, POD_GATEWAY_IPV6)
             )
             pods.append(Pod(p.name, ns, p.ipv4, p.ipv6, p.node_name, f"vp{i}", gw4, gw6))
-        _sysctls(node, _NODE_SYSCTLS)
+        sysctls(node, NODE_SYSCTLS)
         for ns in (client, *(p.netns for p in pods)):
-            _sysctls(ns, _COMMON_SYSCTLS)
-        _ip_batch(node, _node_commands(spec, client, pods))
-        _ip_batch(client, _client_commands(spec))
+            sysctls(ns, COMMON_SYSCTLS)
+        ip_batch(node, _node_commands(spec, client, pods))
+        ip_batch(client, _client_commands(spec))
         for pod, pspec in zip(pods, spec.pods, strict=True):
-            _ip_batch(pod.netns, _pod_commands(pod, pspec.bridge))
+            ip_batch(pod.netns, _pod_commands(pod, pspec.bridge))
         topo = Topology(spec, node, client, {p.name: p for p in pods})
         if pods:
             topo.sctp_unsupported = netns.run_in(pods[0].netns, sctp_support)
         if spec.backends:
             procs: dict[str, subprocess.Popen[bytes]] = {}
             for pod in pods:
-                proc = _start_backend(pod, spec, topo.sctp_unsupported is None)
-                stack.callback(_stop, proc)
+                proc = start_backend(pod, spec, topo.sctp_unsupported is None)
+                stack.callback(stop_process, proc)
                 procs[pod.name] = proc
-            _wait_ready(procs)
+            wait_ready(procs)
         yield topo
