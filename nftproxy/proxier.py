@@ -327,6 +327,11 @@ class Proxier:
             with self._lock:
                 self._inputs.need_full = False
             self._last_full = self.clock()
+            # The committed state just built lives until the next full sync:
+            # keep the cyclic GC from re-scanning it on every collection
+            # (0.3-0.4 s per full pass at 10,000 services; bench/RESULTS.md).
+            gc.collect()
+            gc.freeze()
 
     def _collect_garbage(self) -> None:
         gcs = [
