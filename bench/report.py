@@ -213,9 +213,13 @@ def main() -> int:
     sections = [
         ("Cold full sync", "cold_sync", cold),
         ("Cold full sync, long-lived context", "cold_sync_nofresh", cold),
+        ("Cold full sync, full sync committed shard by shard", "cold_sync_split", cold),
         ("Partial sync", "partial_sync", partial),
+        ("Partial sync, re-run on a quiet machine", "partial_sync_rerun", partial),
+        ("Partial sync, lever ladder", "partial_sync_ladder", partial),
         ("Partial sync, mix without affinity", "partial_sync_noaff", partial),
         ("Churn", "churn", churn),
+        ("Churn, gc.freeze() after full syncs", "churn_gcfreeze", churn),
         ("Dataplane", "dataplane", dataplane),
         ("Lever prototypes, checked by traffic", "levers", levers),
     ]
