@@ -93,11 +93,9 @@ import errno
 import ipaddress
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from nftproxy import netns as _netns
@@ -601,9 +599,7 @@ def _flow_of(family: IPFamily, msg: Any) -> Flow | None:
     )
 
 
-
-
-class Conntrack:
+class Conntrack(_netns.WorkerOwner["_Sockets"]):
     """The kernel's conntrack table, in the caller's netns or a named one.
 
     The constructor only stores its arguments; `start()` opens the sockets
@@ -615,55 +611,25 @@ class Conntrack:
     def __init__(
         self, *, netns: str | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._netns = netns
         self._clock = clock
-        self._worker: _netns.Worker[_Sockets] | None = None
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> Conntrack:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def start(self) -> None:
-        with self._lock:
-            if self._worker is not None:
-                raise RuntimeError("Conntrack already started")
-            worker = _netns.Worker(
-                self._netns,
-                _Sockets,
-                name="conntrack",
-                close_resource=_Sockets.close,
-                wrap_error=lambda exc: ConntrackUnavailable(
-                    f"cannot open conntrack sockets (netns {self._netns}): {exc}"
-                ),
-            )
-            worker.start()
-            self._worker = worker
-
-    def close(self) -> None:
-        """Close the sockets and stop the worker. Idempotent."""
-        with self._lock:
-            worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.stop()
+        self._worker = _netns.Worker(
+            netns,
+            _Sockets,
+            name="conntrack",
+            close_resource=_Sockets.close,
+            wrap_error=lambda exc: ConntrackUnavailable(
+                f"cannot open conntrack sockets (netns {netns}): {exc}"
+            ),
+        )
 
     def apply(self, filters: Sequence[FlowFilter]) -> CleanupResult:
         """Delete the stale flows of every filter; failures are counted in
         the result, never raised (RuntimeError only if not started)."""
-        worker = self._worker
-        if worker is None:
+        if not self._worker.running:
             raise RuntimeError("Conntrack not started (or closed)")
         if not filters:
             return CleanupResult()
-        return worker.call(lambda s: _apply(filters, s.dump, s.delete, self._clock))
+        return self._worker.call(lambda s: _apply(filters, s.dump, s.delete, self._clock))
 
 
 # --- the post-commit hook ------------------------------------------------------------------

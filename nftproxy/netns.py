@@ -41,6 +41,7 @@ __all__ = [
     "NETNS_DIR",
     "NetnsError",
     "Worker",
+    "WorkerOwner",
     "create",
     "delete",
     "enter",
@@ -56,6 +57,7 @@ _CLONE_NEWNET = 0x40000000
 
 T = TypeVar("T")
 R = TypeVar("R")
+_Owner = TypeVar("_Owner", bound="WorkerOwner[Any]")
 
 
 class NetnsError(OSError):
@@ -212,15 +214,22 @@ class Worker(Generic[R]):
         self._stopped = False
 
     def start(self) -> None:
-        ready: Future[None] = Future()
-        self._thread = threading.Thread(
-            target=self._serve, args=(ready,), name=self._name, daemon=True
-        )
+        """Start the thread and open the resource (raises what opening raised).
+        A worker runs once: starting it twice, or after stop(), is an error."""
+        with self._lock:
+            if self._thread is not None or self._stopped:
+                raise RuntimeError(f"{self._name} already started")
+            ready: Future[None] = Future()
+            self._thread = threading.Thread(
+                target=self._serve, args=(ready,), name=self._name, daemon=True
+            )
         self._thread.start()
         try:
             ready.result()
         except BaseException:
             self._thread.join()
+            with self._lock:
+                self._stopped = True
             raise
 
     def _serve(self, ready: Future[None]) -> None:
@@ -250,15 +259,21 @@ class Worker(Generic[R]):
                 self._close(resource)
             del resource  # freed on the thread that made it
 
+    @property
+    def running(self) -> bool:
+        """Started and not stopped: call() would be served."""
+        return self._thread is not None and not self._stopped
+
     def call(self, fn: Callable[[R], T]) -> T:
         future: Future[T] = Future()
         with self._lock:
-            if self._stopped:
-                raise RuntimeError(f"{self._name} closed")
+            if not self.running:
+                raise RuntimeError(f"{self._name} not started (or closed)")
             self._jobs.put((fn, future))
         return future.result()
 
     def stop(self) -> None:
+        """Close the resource and end the thread. Idempotent."""
         with self._lock:
             if self._stopped:
                 return
@@ -267,3 +282,24 @@ class Worker(Generic[R]):
         if self._thread is not None:
             self._thread.join()
 
+
+class WorkerOwner(Generic[R]):
+    """start() / close() / `with` for an edge whose I/O runs on one Worker
+    (nft.backend.NftBackend, conntrack.Conntrack). Subclasses set `_worker`
+    in their constructor, which does no I/O: Worker() only stores."""
+
+    _worker: Worker[R]
+
+    def __enter__(self: _Owner) -> _Owner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self._worker.start()
+
+    def close(self) -> None:
+        """Close the resource and stop the worker. Idempotent."""
+        self._worker.stop()

@@ -38,10 +38,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from nftproxy import netns as _netns
@@ -279,15 +277,13 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-
-
 def _unavailable(exc: BaseException) -> BaseException:
     if isinstance(exc, NftUnavailable):
         return exc
     return NftUnavailable(f"cannot create a libnftables context: {exc}")
 
 
-class NftBackend:
+class NftBackend(_netns.WorkerOwner[Any]):
     """libnftables, in the caller's netns or in a named one (`netns=`).
 
     `start()` creates the context (NftUnavailable if it cannot); every other
@@ -296,48 +292,15 @@ class NftBackend:
     """
 
     def __init__(self, *, netns: str | None = None) -> None:
-        self._netns = netns
-        self._worker: _netns.Worker[Any] | None = None
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> NftBackend:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def start(self) -> None:
-        with self._lock:
-            if self._worker is not None:
-                raise RuntimeError("NftBackend already started")
-            worker: _netns.Worker[Any] = _netns.Worker(
-                self._netns,
-                _new_context,
-                name="nft",
-                wrap_error=_unavailable,
-            )
-            worker.start()
-            self._worker = worker
+        self._worker = _netns.Worker(netns, _new_context, name="nft", wrap_error=_unavailable)
 
     def close(self) -> None:
         """Free the context, stop the worker, give memory back. Idempotent."""
-        with self._lock:
-            worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.stop()
-            malloc_trim()
+        super().close()
+        malloc_trim()
 
     def _call(self, fn: Callable[[Any], T]) -> T:
-        worker = self._worker
-        if worker is None:
-            raise RuntimeError("NftBackend not started (or closed)")
-        return worker.call(fn)
+        return self._worker.call(fn)
 
     def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
         """Apply `commands` as ONE atomic transaction (one libnftables call).
