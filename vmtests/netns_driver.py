@@ -189,7 +189,7 @@ class NetnsDriver:
         count: int = 1,
         timeout: float = 1.0,
     ) -> list[Attempt]:
-        return self.cluster.probe(who, proto, targets, count=count, timeout=timeout)
+        return self.cluster.probe_many(who, proto, targets, count=count, timeout=timeout)
 
     def http_get(self, addr: str, port: int, path: str = "/") -> HttpAnswer:
         return self.cluster.http_get("client", f"http://{addr}:{port}{path}", timeout=2.0)

@@ -58,6 +58,7 @@ from nftproxy.sandbox import probe as _probe
 from nftproxy.sandbox.topology import (
     COMMON_SYSCTLS,
     NODE_SYSCTLS,
+    Namespaces,
     Pod,
     Spec,
     TopologyError,
@@ -299,7 +300,7 @@ def fetch(url: str, timeout: float = 2.0) -> HttpAnswer:
 
 
 @dataclass
-class Cluster:
+class Cluster(Namespaces):
     """Names and addresses of a built namespace cluster, plus helpers."""
 
     plan: ClusterPlan
@@ -321,37 +322,10 @@ class Cluster:
         except KeyError:
             raise KeyError(f"no node, pod or role {who!r} in this cluster") from None
 
-    def probe(
-        self,
-        who: str,
-        proto: str,
-        targets: Sequence[tuple[str, int]],
-        *,
-        count: int = 1,
-        src: str | Sequence[str] | None = None,
-        timeout: float = 1.0,
-    ) -> list[_probe.Attempt]:
-        """`count` attempts per target (and source) from `who`, one process."""
-        return _probe.run(self.ns(who), proto, targets, count=count, src=src, timeout=timeout)
-
-    def continuous(
-        self,
-        who: str,
-        proto: str,
-        targets: Sequence[tuple[str, int]],
-        *,
-        timeout: float = 1.0,
-        interval: float = 0.0,
-    ) -> _probe.Continuous:
-        return _probe.Continuous(self.ns(who), proto, targets, timeout=timeout, interval=interval)
-
     def http_get(self, who: str, url: str, timeout: float = 2.0) -> HttpAnswer:
         """GET `url` from `who`'s namespace."""
         return netns.run_in(self.ns(who), fetch, url, timeout)
 
-    def run(self, who: str, argv: Sequence[str]) -> str:
-        out: str = netns.exec_in(self.ns(who), list(argv), timeout=_SUBPROCESS_TIMEOUT).stdout
-        return out
 
 
 def _lan_commands(members: Mapping[str, str]) -> list[str]:

@@ -66,6 +66,7 @@ __all__ = [
     "POD_GATEWAY_IPV6",
     "REMOTE_NODE_NAME",
     "SERVICE_RANGES",
+    "Namespaces",
     "Pod",
     "PodSpec",
     "Spec",
@@ -173,8 +174,50 @@ class Pod:
         return self.gateway_ipv4 if family == 4 else self.gateway_ipv6
 
 
+class Namespaces:
+    """Helpers that act in a sandbox's namespaces, shared by the one-node
+    Topology and the multi-node sandbox.cluster.Cluster; subclasses say
+    which namespace each role or pod is in."""
+
+    def ns(self, who: str) -> str:
+        raise NotImplementedError
+
+    def probe_many(
+        self,
+        who: str,
+        proto: str,
+        targets: Sequence[tuple[str, int]],
+        *,
+        count: int = 1,
+        src: str | Sequence[str] | None = None,
+        timeout: float = 1.0,
+    ) -> list[_probe.Attempt]:
+        """Several targets from one probe process (one process start)."""
+        return _probe.run(self.ns(who), proto, targets, count=count, src=src, timeout=timeout)
+
+    def continuous(
+        self,
+        who: str,
+        proto: str,
+        targets: Sequence[tuple[str, int]],
+        *,
+        src: str | Sequence[str] | None = None,
+        timeout: float = 1.0,
+        interval: float = 0.0,
+    ) -> _probe.Continuous:
+        """A probe that runs until its `stop()`; use as a context manager."""
+        return _probe.Continuous(
+            self.ns(who), proto, targets, src=src, timeout=timeout, interval=interval
+        )
+
+    def run(self, who: str, argv: Sequence[str]) -> str:
+        """Run a command in `who`'s namespace; its stdout (raises on failure)."""
+        out: str = netns.exec_in(self.ns(who), list(argv), timeout=_SUBPROCESS_TIMEOUT).stdout
+        return out
+
+
 @dataclass
-class Topology:
+class Topology(Namespaces):
     """Names and addresses of a built sandbox, plus helpers that act in it."""
 
     spec: Spec
@@ -230,39 +273,6 @@ class Topology:
             interval=interval,
             sport=sport,
         )
-
-    def probe_many(
-        self,
-        who: str,
-        proto: str,
-        targets: Sequence[tuple[str, int]],
-        *,
-        count: int = 1,
-        src: str | Sequence[str] | None = None,
-        timeout: float = 1.0,
-    ) -> list[_probe.Attempt]:
-        """Several targets from one probe process (one process start)."""
-        return _probe.run(self.ns(who), proto, targets, count=count, src=src, timeout=timeout)
-
-    def continuous(
-        self,
-        who: str,
-        proto: str,
-        targets: Sequence[tuple[str, int]],
-        *,
-        src: str | Sequence[str] | None = None,
-        timeout: float = 1.0,
-        interval: float = 0.0,
-    ) -> _probe.Continuous:
-        """A probe that runs until its `stop()`; use as a context manager."""
-        return _probe.Continuous(
-            self.ns(who), proto, targets, src=src, timeout=timeout, interval=interval
-        )
-
-    def run(self, who: str, argv: Sequence[str]) -> str:
-        """Run a command in `who`'s namespace; its stdout (raises on failure)."""
-        out: str = netns.exec_in(self.ns(who), list(argv), timeout=_SUBPROCESS_TIMEOUT).stdout
-        return out
 
     def flush_conntrack(self) -> None:
         """Forget every flow the node tracks (both families), so state left
