@@ -309,7 +309,7 @@ def rfc3339(t: float) -> str:
 
 
 def bench_config(**kw: Any) -> Any:
-    from nftproxy.config import ProxyConfig
+    from nftproxy.core.config import ProxyConfig
 
     defaults: dict[str, Any] = {
         "node_name": NODE,
@@ -323,7 +323,7 @@ def bench_config(**kw: Any) -> Any:
 def make_proxier(
     backend: Any, config: Any = None, hooks: Sequence[Callable[..., None]] = ()
 ) -> Any:
-    from nftproxy.proxier import Proxier
+    from nftproxy.agent.proxier import Proxier
 
     proxier = Proxier(config or bench_config(), backend, hooks=list(hooks))
     proxier.on_node(node_obj())
@@ -334,7 +334,7 @@ def feed(
     proxier: Any, services: Iterable[dict[str, Any]], slices: Iterable[dict[str, Any]]
 ) -> None:
     """Deliver an initial list (adds), then mark both caches synced."""
-    from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+    from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 
     for s in services:
         proxier.on_service(None, s)
@@ -349,7 +349,7 @@ def feed(
 
 def bench_netns(tag: str) -> Iterator[str]:
     """A throwaway namespace `nftpx-b<tag>-<pid>-<hex>` (always deleted)."""
-    from nftproxy import netns
+    from nftproxy.kernel import netns
 
     return netns.temporary(f"nftpx-b{tag}")
 
@@ -418,7 +418,7 @@ def wait_quiet(limit: float = 0.15, max_wait: float = 600.0) -> float:
 
 
 def chain_count(proxier: Any) -> dict[str, int]:
-    from nftproxy.model import IPFamily
+    from nftproxy.core.model import IPFamily
 
     t = proxier.table_state(IPFamily.IPV4)
     return {

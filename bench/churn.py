@@ -1,7 +1,7 @@
 """Endpoint churn: network programming latency and CPU under 100 changes/s.
 
 Spec item 3. A table of S services (the benchlib mix) is loaded into a
-throwaway namespace; then the real Runner (nftproxy.runner.Runner, the
+throwaway namespace; then the real Runner (nftproxy.agent.runner.Runner, the
 agent's settings: minSyncPeriod 1 s, burst 2, syncPeriod 30 s) drives
 Proxier.sync() while a feeder thread hands the proxier RATE endpoint changes
 per second for DURATION seconds (each: one endpoint of a random service
@@ -48,8 +48,8 @@ def _cpu() -> float:
 def run(
     variant: str, shape: bl.ClusterShape, rate: float, duration: float, *, quiet: bool
 ) -> dict[str, Any]:
-    from nftproxy.nft.backend import NftBackend
-    from nftproxy.runner import Runner
+    from nftproxy.agent.runner import Runner
+    from nftproxy.kernel.libnftables import NftBackend
 
     latencies: list[float] = []
     syncs: list[tuple[float, float, int]] = []
@@ -167,7 +167,7 @@ def main() -> int:
     ap.add_argument("--variants")
     args = ap.parse_args()
     bl.require_root()
-    from nftproxy.nft.backend import tune_malloc
+    from nftproxy.kernel.libnftables import tune_malloc
 
     tune_malloc()  # as `nftproxy run` does, before any libnftables context
     shape = bl.ClusterShape(

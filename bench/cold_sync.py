@@ -79,8 +79,8 @@ def child(args: argparse.Namespace) -> None:
     t_main = time.time()
     import levers
 
-    import nftproxy.proxier  # noqa: F401  (the imports `nftproxy run` pays)
-    from nftproxy.nft.backend import NftBackend, tune_malloc
+    import nftproxy.agent.proxier  # noqa: F401  (the imports `nftproxy run` pays)
+    from nftproxy.kernel.libnftables import NftBackend, tune_malloc
 
     tune_malloc()
     t_import = time.time()

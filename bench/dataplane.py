@@ -1,6 +1,6 @@
 """Dataplane: new TCP connections per second and connect latency to a ClusterIP.
 
-Spec item 4. One sandbox per variant (nftproxy.sandbox.topology: client
+Spec item 4. One sandbox per variant (nftproxy.tools.sandbox.topology: client
 namespace -> node namespace -> one pod namespace, veth pairs, /32 routes), all
 built first and kept for the whole run, so variants can be INTERLEAVED
 (each round runs every variant once, in a shuffled order):
@@ -210,7 +210,7 @@ def _nft_services(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def _load_nft(node_ns: str, n: int, inline: bool) -> str:
     import levers
 
-    from nftproxy.nft.backend import NftBackend
+    from nftproxy.kernel.libnftables import NftBackend
 
     config = bl.bench_config(cluster_cidrs=(CLUSTER_CIDR,))
     svcs, slices = _nft_services(n)
@@ -280,7 +280,7 @@ def _load_iptables(node_ns: str, n: int, tool: str) -> str:
 
 @contextlib.contextmanager
 def sandbox(variant: str, stack: contextlib.ExitStack) -> Iterator[Sandbox]:
-    from nftproxy.sandbox import topology as tp
+    from nftproxy.tools.sandbox import topology as tp
 
     spec = tp.Spec(
         pods=(tp.PodSpec("pod1", POD_IP),),

@@ -9,7 +9,7 @@ mark and the `statistic --mode random --probability 1/(n-i)` cascade;
 KUBE-SEP-<h> with the hairpin mark and the DNAT; KUBE-MARK-MASQ and
 KUBE-POSTROUTING; the filter chains kube-proxy hooks (KUBE-FORWARD,
 KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS, KUBE-PROXY-FIREWALL).
-Chain names use kube-proxy's hashes (nftproxy.rules.names).
+Chain names use kube-proxy's hashes (nftproxy.core.rules.names).
 
     python bench/iptables_ruleset.py N > rules.txt   # N filler services + 1 target
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import benchlib  # noqa: F401  (puts the repository on sys.path)
 
-from nftproxy.model import Endpoint, L4Protocol, ServicePortName
-from nftproxy.rules import names
+from nftproxy.core.model import Endpoint, L4Protocol, ServicePortName
+from nftproxy.core.rules import names
 
 __all__ = ["IptService", "ruleset"]
 

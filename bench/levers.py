@@ -111,7 +111,7 @@ def _sep_parts(chain: Any) -> _Sep:
 
 
 def _inline_fragment(fragment: Any, *, exact: bool, family: Any) -> Any:
-    from nftproxy.rules.fragment import Chain, Element, Rule
+    from nftproxy.core.rules.fragment import Chain, Element, Rule
 
     seps = {c.name: _sep_parts(c) for c in fragment.chains if c.name.startswith(SEP_PREFIX)}
     if not seps:
@@ -145,9 +145,9 @@ def _inline_fragment(fragment: Any, *, exact: bool, family: Any) -> Any:
 
 
 def _hairpin_skeleton(fragment: Any, config: Any) -> Any:
-    from nftproxy.rules import expr
-    from nftproxy.rules import skeleton as sk
-    from nftproxy.rules.fragment import Chain, Rule, SetDecl
+    from nftproxy.core.rules import expr
+    from nftproxy.core.rules import skeleton as sk
+    from nftproxy.core.rules.fragment import Chain, Rule, SetDecl
 
     ip = fragment.family.nft_family
     addr = sk.addr_type(fragment.family)
@@ -200,8 +200,8 @@ def _hashable(value: Any) -> Any:
 def _fwset_fragment(fragment: Any) -> Any:
     """KUBE-FW chain + per-service interval set -> elements of two shared
     sets (no chain, no per-service set, no goto: nothing to validate)."""
-    from nftproxy.rules import skeleton as sk
-    from nftproxy.rules.fragment import Element
+    from nftproxy.core.rules import skeleton as sk
+    from nftproxy.core.rules.fragment import Element
 
     fw_sets = {d.name: d for d in fragment.sets if d.name.startswith("KUBE-FW-")}
     if not fw_sets:
@@ -223,9 +223,9 @@ def _fwset_fragment(fragment: Any) -> Any:
 
 
 def _fwset_skeleton(fragment: Any) -> Any:
-    from nftproxy.rules import expr
-    from nftproxy.rules import skeleton as sk
-    from nftproxy.rules.fragment import Chain, Rule, SetDecl
+    from nftproxy.core.rules import expr
+    from nftproxy.core.rules import skeleton as sk
+    from nftproxy.core.rules.fragment import Chain, Rule, SetDecl
 
     ip = fragment.family.nft_family
     addr = sk.addr_type(fragment.family)
@@ -258,7 +258,7 @@ def _fwset_skeleton(fragment: Any) -> Any:
 @contextlib.contextmanager
 def patched(*, inline: str | None, fwset: bool) -> Iterator[None]:
     """Patch the proxier's renderers (in this process) with the levers."""
-    import nftproxy.proxier as px
+    import nftproxy.agent.proxier as px
 
     orig_port, orig_skel = px.render_service_port, px.render_skeleton
     exact = inline == "exact"
@@ -496,9 +496,9 @@ def verify(variant: str, count: int) -> dict[str, Any]:
     """Hairpin, affinity and masquerade behaviour of `variant`, by traffic."""
     from k8s import endpoint_slice, node, service  # tests/k8s.py
 
-    from nftproxy.nft.backend import NftBackend
-    from nftproxy.sandbox import topology as tp
-    from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+    from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+    from nftproxy.kernel.libnftables import NftBackend
+    from nftproxy.tools.sandbox import topology as tp
 
     spec = tp.Spec(pods=tp.default_pods(local=2, remote=0), udp_ports=(), sctp_ports=())
     config = bl.bench_config(cluster_cidrs=tp.CLUSTER_CIDRS[:1], node_ips=(tp.NODE_IPV4,))
@@ -541,7 +541,7 @@ def verify(variant: str, count: int) -> dict[str, Any]:
             "client", "tcp", "192.168.60.10", 80, count=2, src=tp.CLIENT_IPV4[1], timeout=0.5
         )
         ranges_ok = all(a.ok for a in allowed) and all(a.error == "timeout" for a in denied)
-        from nftproxy.model import IPFamily
+        from nftproxy.core.model import IPFamily
 
         chains = [c for p in facade.proxiers for c in p.table_state(IPFamily.IPV4).chains]
         return {

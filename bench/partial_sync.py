@@ -110,7 +110,7 @@ class Cycle:
 def run_variant(
     variant: str, shape: bl.ClusterShape, reps: int, warmup: int, *, quiet: bool
 ) -> list[dict[str, Any]]:
-    from nftproxy.nft.backend import NftBackend
+    from nftproxy.kernel.libnftables import NftBackend
 
     rows = []
     services, slices = bl.make_cluster(shape)
@@ -182,7 +182,7 @@ def main() -> int:
     ap.add_argument("--no-affinity", action="store_true", help="the mix without affinity")
     args = ap.parse_args()
     bl.require_root()
-    from nftproxy.nft.backend import tune_malloc
+    from nftproxy.kernel.libnftables import tune_malloc
 
     tune_malloc()  # as `nftproxy run` does, before any libnftables context
     sizes = args.sizes or ("100,300" if args.quick else "1000,10000")

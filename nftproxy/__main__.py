@@ -2,6 +2,6 @@
 
 import sys
 
-from nftproxy.cli import main
+from nftproxy.tools.cli import main
 
 sys.exit(main())

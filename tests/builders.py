@@ -15,11 +15,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from nftproxy.config import ProxyConfig
-from nftproxy.model import Endpoint, IPFamily, L4Protocol, NodeInfo, ServicePort, ServicePortName
-from nftproxy.rules.detect import local_detector
-from nftproxy.rules.fragment import Chain, Fragment, Key, Verdict
-from nftproxy.rules.service import RenderContext, RenderedPort, render_service_port
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import (
+    Endpoint,
+    IPFamily,
+    L4Protocol,
+    NodeInfo,
+    ServicePort,
+    ServicePortName,
+)
+from nftproxy.core.rules.detect import local_detector
+from nftproxy.core.rules.fragment import Chain, Fragment, Key, Verdict
+from nftproxy.core.rules.service import RenderContext, RenderedPort, render_service_port
 
 __all__ = [
     "CONFIG",

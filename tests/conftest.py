@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import kernel
 import pytest
 
-from nftproxy import netns as _netns
+from nftproxy.kernel import netns as _netns
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A fake Kubernetes API server that speaks real HTTP on 127.0.0.1.
 
 Layer: tests. One job: let the real `kubernetes` client (and so
-nftproxy.sources.kube) talk to something with the API server's list/watch
+nftproxy.cluster.kube) talk to something with the API server's list/watch
 semantics, the way kopf tests against `kmock`. Tests mutate the cluster
 through Python methods and break things on purpose: expire history (old
 resourceVersions answer 410), end, drop or 410 the open watches, make

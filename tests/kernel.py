@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nftproxy import netns
+from nftproxy.kernel import netns
 
 __all__ = [
     "NETNS_PREFIX",

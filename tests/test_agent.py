@@ -24,13 +24,13 @@ import pytest
 import yaml
 from k8s import endpoint_slice, node, service
 
-from nftproxy.agent import Agent, WatchedFiles
-from nftproxy.config import ConntrackConfig, ProxyConfig
-from nftproxy.nft.errors import NftRejected
-from nftproxy.nft.fake import FakeBackend
-from nftproxy.sources.events import ClusterEvents
-from nftproxy.sources.file import FileSource
-from nftproxy.sysctl import CONNTRACK_MAX, HASHSIZE, NETFILTER, apply_conntrack, plan
+from nftproxy.agent.agent import Agent, WatchedFiles
+from nftproxy.cluster.events import ClusterEvents
+from nftproxy.cluster.file import FileSource
+from nftproxy.core.config import ConntrackConfig, ProxyConfig
+from nftproxy.core.nft.errors import NftRejected
+from nftproxy.kernel.fake import FakeBackend
+from nftproxy.kernel.sysctl import CONNTRACK_MAX, HASHSIZE, NETFILTER, apply_conntrack, plan
 
 NODE = "node-a"
 TABLE = "nftproxy"
@@ -221,7 +221,7 @@ def test_run_returns_when_the_stop_event_is_set(
 def test_a_refused_commit_is_counted_and_retried(
     cluster: tuple[Path, int, list[dict[str, Any]]], caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="nftproxy.agent")
+    caplog.set_level(logging.ERROR, logger="nftproxy.agent.agent")
     backend = FailingOnce()
     agent = make_agent(cluster[0], backend)
     agent.runner.retry_interval = 0.01
@@ -327,7 +327,7 @@ def test_optional_settings_when_asked() -> None:
 
 
 def test_read_only_or_missing_files_are_warnings(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="nftproxy.sysctl")
+    caplog.set_level(logging.WARNING, logger="nftproxy.kernel.sysctl")
     values = sysctls()
     del values[HASHSIZE]
     fs = FakeFS(values, read_only=True)

@@ -20,12 +20,12 @@ import pytest
 from fakeapi import FakeApiServer
 from k8s import endpoint_slice, node, service
 
-from nftproxy.agent import Agent, Source
-from nftproxy.config import ProxyConfig
-from nftproxy.nft.fake import FakeBackend
-from nftproxy.proxier import Proxier
-from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents
-from nftproxy.sources.kube import KubeSource
+from nftproxy.agent.agent import Agent, Source
+from nftproxy.agent.proxier import Proxier
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents
+from nftproxy.cluster.kube import KubeSource
+from nftproxy.core.config import ProxyConfig
+from nftproxy.kernel.fake import FakeBackend
 
 NODE = "node-a"
 CONFIG = ProxyConfig(

@@ -21,8 +21,18 @@ from typing import Any
 import kernel
 import pytest
 
-from nftproxy import netns as netns_lib
-from nftproxy.nft.backend import (
+from nftproxy.core.nft.errors import (
+    NftBusy,
+    NftError,
+    NftExists,
+    NftNotFound,
+    NftRejected,
+    NftUnavailable,
+    rejection,
+)
+from nftproxy.kernel import netns as netns_lib
+from nftproxy.kernel.fake import FakeBackend
+from nftproxy.kernel.libnftables import (
     Backend,
     BaseChain,
     ChainInfo,
@@ -32,16 +42,6 @@ from nftproxy.nft.backend import (
     TableObjects,
     tune_malloc,
 )
-from nftproxy.nft.errors import (
-    NftBusy,
-    NftError,
-    NftExists,
-    NftNotFound,
-    NftRejected,
-    NftUnavailable,
-    rejection,
-)
-from nftproxy.nft.fake import FakeBackend
 
 Json = dict[str, Any]
 

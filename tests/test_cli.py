@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nftproxy import cli
+from nftproxy.tools import cli
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "nftproxy" / "examples" / "cluster.yaml"
 COMMANDS = ["run", "sync", "dump", "cleanup", "demo"]

@@ -25,8 +25,11 @@ from typing import Any
 import pytest
 from k8s import endpoint_slice, node, service
 
-from nftproxy.config import ProxyConfig
-from nftproxy.conntrack import (
+from nftproxy.agent.proxier import Proxier, SyncReport
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import IPFamily, L4Protocol
+from nftproxy.kernel.conntrack import (
     CleanupResult,
     Conntrack,
     FakeConntrack,
@@ -36,10 +39,7 @@ from nftproxy.conntrack import (
     conntrack_hook,
     plan,
 )
-from nftproxy.model import IPFamily, L4Protocol
-from nftproxy.nft.fake import FakeBackend
-from nftproxy.proxier import Proxier, SyncReport
-from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+from nftproxy.kernel.fake import FakeBackend
 
 V4, V6 = IPFamily.IPV4, IPFamily.IPV6
 UDP, TCP, SCTP = L4Protocol.UDP, L4Protocol.TCP, L4Protocol.SCTP

@@ -43,9 +43,12 @@ import kernel
 import pytest
 from k8s import endpoint_slice, node, service
 
-from nftproxy import netns as _netns
-from nftproxy.config import ProxyConfig
-from nftproxy.conntrack import (
+from nftproxy.agent.proxier import Proxier
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import IPFamily, L4Protocol
+from nftproxy.kernel import netns as _netns
+from nftproxy.kernel.conntrack import (
     CleanupResult,
     Conntrack,
     ConntrackUnavailable,
@@ -53,10 +56,7 @@ from nftproxy.conntrack import (
     FlowFilter,
     conntrack_hook,
 )
-from nftproxy.model import IPFamily, L4Protocol
-from nftproxy.nft.backend import NftBackend
-from nftproxy.proxier import Proxier
-from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+from nftproxy.kernel.libnftables import NftBackend
 
 pytestmark = pytest.mark.kernel
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nftproxy.convert import (
+from nftproxy.core.convert import (
     HEADLESS_LABEL,
     SERVICE_NAME_LABEL,
     SERVICE_PROXY_NAME_LABEL,
@@ -33,7 +33,7 @@ from nftproxy.convert import (
     service_ports,
     slice_info,
 )
-from nftproxy.model import (
+from nftproxy.core.model import (
     Endpoint,
     IPFamily,
     IPMode,

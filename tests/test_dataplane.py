@@ -1,6 +1,6 @@
 """Dataplane acceptance: kube-proxy's service semantics proven by real packets.
 
-One sandbox (nftproxy.sandbox.topology) per module: a node namespace holding
+One sandbox (nftproxy.tools.sandbox.topology) per module: a node namespace holding
 nftproxy's tables, five pods (local1-3 on this node, remote1-2 "on node-b",
 all wired to this node by veth + host routes), and an external client with
 the addresses 192.168.50.2/.3 (+ .10-.29 for session affinity) and the same in
@@ -12,7 +12,7 @@ answered and *which source* they saw (a masqueraded source is the node's pod
 gateway address; an unmasqueraded one is the client's own).
 
 The Proxier is wired as `nftproxy run` wires it: the conntrack cleanup
-(nftproxy.conntrack) runs as its post-commit hook.
+(nftproxy.kernel.conntrack) runs as its post-commit hook.
 
 Aspects (IPv4 and IPv6 wherever the feature applies):
 - ClusterIP spreads over every ready endpoint; removed endpoints get no new
@@ -58,12 +58,13 @@ import kernel
 import pytest
 from k8s import endpoint_slice, node, service
 
-from nftproxy.config import ProxyConfig
-from nftproxy.conntrack import Conntrack, conntrack_hook
-from nftproxy.nft.backend import NftBackend
-from nftproxy.proxier import Proxier, SyncReport
-from nftproxy.sandbox.probe import Attempt, answered_by, errors
-from nftproxy.sandbox.topology import (
+from nftproxy.agent.proxier import Proxier, SyncReport
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+from nftproxy.core.config import ProxyConfig
+from nftproxy.kernel.conntrack import Conntrack, conntrack_hook
+from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.tools.sandbox.probe import Attempt, answered_by, errors
+from nftproxy.tools.sandbox.topology import (
     CLUSTER_CIDRS,
     NODE_ALT_IPV4,
     NODE_ALT_IPV6,
@@ -77,7 +78,6 @@ from nftproxy.sandbox.topology import (
     build,
     default_pods,
 )
-from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 
 pytestmark = pytest.mark.kernel
 

@@ -34,11 +34,11 @@ from test_dataplane import (
     svc,
 )
 
-from nftproxy.config import DetectLocalMode, ProxyConfig
-from nftproxy.conntrack import Conntrack
-from nftproxy.nft.backend import NftBackend
-from nftproxy.sandbox.probe import errors
-from nftproxy.sandbox.topology import (
+from nftproxy.core.config import DetectLocalMode, ProxyConfig
+from nftproxy.kernel.conntrack import Conntrack
+from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.tools.sandbox.probe import errors
+from nftproxy.tools.sandbox.topology import (
     BRIDGE,
     CLUSTER_CIDRS,
     NODE_NAME,

@@ -35,9 +35,9 @@ from pathlib import Path
 import kernel
 import pytest
 
-from nftproxy.demo import SAMPLE, Addresses, Check, Result, describe, load_cluster, plan
-from nftproxy.model import IPFamily
-from nftproxy.sandbox.probe import Attempt
+from nftproxy.core.model import IPFamily
+from nftproxy.tools.demo import SAMPLE, Addresses, Check, Result, describe, load_cluster, plan
+from nftproxy.tools.sandbox.probe import Attempt
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = [sys.executable, "-m", "nftproxy", "demo"]

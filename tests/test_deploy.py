@@ -4,7 +4,7 @@ Aspects: every manifest parses and uses only fields of its kind's API schema
 (the installed kubernetes client's models); the kustomization lists exactly
 the manifests there are; every reference resolves (service account, role
 binding, ConfigMap keys, env vars in args); the ClusterRole grants exactly
-nftproxy.sources.kube.API_CALLS; the mounted KubeProxyConfiguration loads
+nftproxy.cluster.kube.API_CALLS; the mounted KubeProxyConfiguration loads
 with nftproxy's own loader without a warning; the probes use its healthz
 port; the container args are `nftproxy run` flags; the DaemonSet has what a
 node's service proxy needs; the Dockerfile installs through scripts/setup.sh
@@ -27,11 +27,11 @@ import pytest
 import yaml
 from kubernetes.client import models as k8s_models
 
-from nftproxy import cli
-from nftproxy import netns as _netns
-from nftproxy.config_load import build_config, load_config_file
-from nftproxy.health import parse_address
-from nftproxy.sources.kube import api_calls
+from nftproxy.cluster.kube import api_calls
+from nftproxy.kernel import netns as _netns
+from nftproxy.serving.health import parse_address
+from nftproxy.tools import cli
+from nftproxy.tools.config_load import build_config, load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import kernel
 
-from nftproxy import netns as nsutil
-from nftproxy.dump import parse_table, render_text
+from nftproxy.kernel import netns as nsutil
+from nftproxy.tools.dump import parse_table, render_text
 
 SAMPLE = str(Path(__file__).resolve().parent.parent / "nftproxy" / "examples" / "cluster.yaml")
 NFTPROXY = [sys.executable, "-m", "nftproxy"]

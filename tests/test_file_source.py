@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, Obj
-from nftproxy.sources.file import FileSource, SourceError
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, Obj
+from nftproxy.cluster.file import FileSource, SourceError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "nftproxy" / "examples" / "cluster.yaml"
 
@@ -280,7 +280,7 @@ def test_unknown_kinds_warn_once_each(tmp_path: Path, caplog: pytest.LogCaptureF
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0", "namespace": "ns"}}
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": "ns"}}
     path = write_docs(tmp_path / "c.yaml", pod, cm, service("a"))
-    with caplog.at_level(logging.WARNING, logger="nftproxy.sources.file"):
+    with caplog.at_level(logging.WARNING, logger="nftproxy.cluster.file"):
         source, rec = load([path])
         os.utime(path, ns=(1, 1))
         source.reload()
@@ -427,7 +427,7 @@ def test_a_malformed_file_on_reload_keeps_the_previous_state(
     source, rec = load([path])
     rec.take()
     path.write_text("kind: Service\nmetadata: [\n")
-    with caplog.at_level(logging.ERROR, logger="nftproxy.sources.file"):
+    with caplog.at_level(logging.ERROR, logger="nftproxy.cluster.file"):
         assert source.reload() is False
     assert rec.take() == []
     assert any(f"{path}:" in r.getMessage() for r in caplog.records)

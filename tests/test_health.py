@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from nftproxy.health import (
+from nftproxy.core.model import NamespacedName, NodeInfo
+from nftproxy.serving.health import (
     HealthServer,
     ProxyHealth,
     ServiceHealthServers,
     parse_address,
 )
-from nftproxy.model import NamespacedName, NodeInfo
 
 WEB = NamespacedName("ns", "web")
 DB = NamespacedName("ns", "db")
@@ -289,7 +289,7 @@ def test_a_port_in_use_is_a_warning_and_one_callback_then_retried(
     servers: tuple[ServiceHealthServers, list[Any]], caplog: pytest.LogCaptureFixture
 ) -> None:
     s, errors = servers
-    caplog.set_level(logging.WARNING, logger="nftproxy.health")
+    caplog.set_level(logging.WARNING, logger="nftproxy.serving.health")
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()

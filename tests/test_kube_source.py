@@ -33,14 +33,14 @@ import pytest
 from fakeapi import FakeApiServer
 from kubernetes import client as k8s_client
 
-from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, Obj
-from nftproxy.sources.kube import (
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, Obj
+from nftproxy.cluster.kube import (
     LABEL_SELECTOR,
     KubeSource,
     api_calls,
     from_config,
 )
-from nftproxy.sources.kube_events import EventRecorder
+from nftproxy.cluster.kube_events import EventRecorder
 
 NODE = "node-a"
 PROXY_NAME = "service.kubernetes.io/service-proxy-name"

@@ -20,10 +20,10 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from nftproxy.metrics import SYNC_BUCKETS, Metrics
-from nftproxy.model import IPFamily, NamespacedName
-from nftproxy.proxier import FamilySync, SyncReport
-from nftproxy.tracker import ProxyState, UpdateResult
+from nftproxy.agent.proxier import FamilySync, SyncReport
+from nftproxy.core.model import IPFamily, NamespacedName
+from nftproxy.core.tracker import ProxyState, UpdateResult
+from nftproxy.serving.metrics import SYNC_BUCKETS, Metrics
 
 NOW = 1_700_000_000.0
 WEB = NamespacedName("ns", "web")

@@ -1,7 +1,7 @@
 """Multi-node scenarios without VMs: two nodes, each a network namespace with
 its own nftproxy Agent (NftBackend and tables in that namespace, KubeSource
 against one API server), pods behind each node, an external client, all on
-one LAN bridge (nftproxy.sandbox.cluster, vmtests/netns_driver.py).
+one LAN bridge (nftproxy.tools.sandbox.cluster, vmtests/netns_driver.py).
 
 The scenarios are vmtests/scenarios.py, the same code the VM cluster runs
 (vmtests/run.py --mode vm); their docstring lists every aspect:

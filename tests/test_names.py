@@ -1,4 +1,4 @@
-"""KUBE-* names and comments (nftproxy.rules.names).
+"""KUBE-* names and comments (nftproxy.core.rules.names).
 
 Aspects:
 - chain names are kube-proxy's iptables-mode names, pinned from upstream's
@@ -21,7 +21,7 @@ from builders import endpoint, render, service_port
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftproxy.model import (
+from nftproxy.core.model import (
     Endpoint,
     IPFamily,
     L4Protocol,
@@ -30,9 +30,9 @@ from nftproxy.model import (
     SessionAffinity,
     TrafficPolicy,
 )
-from nftproxy.nft.ops import Table
-from nftproxy.nft.plan import TableState, stage_full
-from nftproxy.rules import names
+from nftproxy.core.nft.ops import Table
+from nftproxy.core.nft.plan import TableState, stage_full
+from nftproxy.core.rules import names
 
 SVC1 = ServicePortName("ns1", "svc1", "p80", L4Protocol.TCP)
 

@@ -1,4 +1,4 @@
-"""nftproxy.netns against the real kernel.
+"""nftproxy.kernel.netns against the real kernel.
 
 Aspects: a temporary namespace exists during the body and is gone after it,
 also after an exception or KeyboardInterrupt; run_in really runs inside the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nftproxy import netns as netns_lib
+from nftproxy.kernel import netns as netns_lib
 
 
 def _thread_netns_inode() -> int:

@@ -1,4 +1,4 @@
-"""Planning transactions (nftproxy.nft.plan) with fragments from the real renderers.
+"""Planning transactions (nftproxy.core.nft.plan) with fragments from the real renderers.
 
 Aspects:
 - order inside one transaction: a chain exists before anything targets it,
@@ -35,7 +35,7 @@ from builders import CONFIG, NODE, endpoint, render, service_port
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nftproxy.model import (
+from nftproxy.core.model import (
     Endpoint,
     IPFamily,
     L4Protocol,
@@ -45,8 +45,8 @@ from nftproxy.model import (
     SessionAffinity,
     TrafficPolicy,
 )
-from nftproxy.nft.ops import Table
-from nftproxy.nft.plan import (
+from nftproxy.core.nft.ops import Table
+from nftproxy.core.nft.plan import (
     SKELETON,
     KernelSet,
     KernelTable,
@@ -57,9 +57,9 @@ from nftproxy.nft.plan import (
     stage_gc,
     stage_partial,
 )
-from nftproxy.rules import names
-from nftproxy.rules.fragment import BaseHook, Fragment
-from nftproxy.rules.skeleton import render_skeleton
+from nftproxy.core.rules import names
+from nftproxy.core.rules.fragment import BaseHook, Fragment
+from nftproxy.core.rules.skeleton import render_skeleton
 
 V4 = IPFamily.IPV4
 Json = Mapping[str, Any]

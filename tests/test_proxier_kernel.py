@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from k8s import endpoint_slice, node, service
 
-from nftproxy.config import ProxyConfig
-from nftproxy.nft.backend import NftBackend
-from nftproxy.nft.errors import NftError
-from nftproxy.proxier import Proxier
-from nftproxy.sources.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+from nftproxy.agent.proxier import Proxier
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.nft.errors import NftError
+from nftproxy.kernel.libnftables import NftBackend
 
 NODE = "node-a"
 CONFIG = ProxyConfig(

@@ -1,4 +1,4 @@
-"""One service port -> its fragment (nftproxy.rules.service), feature by feature.
+"""One service port -> its fragment (nftproxy.core.rules.service), feature by feature.
 
 Aspects, each in kube-proxy's words (docs/kube-proxy-semantics.md,
 upstream-nftables-notes.md §1.5-§1.15):
@@ -36,8 +36,8 @@ from builders import (
     service_port,
 )
 
-from nftproxy.config import DetectLocalMode, ProxyConfig
-from nftproxy.model import (
+from nftproxy.core.config import DetectLocalMode, ProxyConfig
+from nftproxy.core.model import (
     Endpoint,
     IPFamily,
     IPMode,
@@ -48,10 +48,10 @@ from nftproxy.model import (
     SessionAffinity,
     TrafficPolicy,
 )
-from nftproxy.rules import names
-from nftproxy.rules import service as service_mod
-from nftproxy.rules.fragment import Fragment, Rule, Verdict
-from nftproxy.rules.service import RenderContext, render_service_port
+from nftproxy.core.rules import names
+from nftproxy.core.rules import service as service_mod
+from nftproxy.core.rules.fragment import Fragment, Rule, Verdict
+from nftproxy.core.rules.service import RenderContext, render_service_port
 
 LOCAL = TrafficPolicy.LOCAL
 EP1, EP2, EP3 = "10.180.0.1", "10.180.0.2", "10.180.0.3"

@@ -1,10 +1,10 @@
-"""The fixed part of each table (nftproxy.rules.skeleton) -- golden.
+"""The fixed part of each table (nftproxy.core.rules.skeleton) -- golden.
 
 This is the one place exact output is pinned (style guideline 16): the base
 chains with their hooks and integer priorities (upstream-nftables-notes §1.2,
 v1.34+ layout), the KUBE-* chains and their rules, the dispatch maps and
 shared sets with their types. The JSON below is written out literally, not
-built with nftproxy.rules.expr, so a change of spelling shows up here.
+built with nftproxy.core.rules.expr, so a change of spelling shows up here.
 
 Variants: nodePortAddresses (all local addresses, "primary", CIDR lists,
 loopback never served), the masquerade bit, tcp_be_liberal, IPv6.
@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from nftproxy.config import ConntrackConfig, ProxyConfig
-from nftproxy.model import IPFamily, NodeInfo
-from nftproxy.nft.ops import Table
-from nftproxy.rules.fragment import Fragment
-from nftproxy.rules.skeleton import nodeport_ips, render_skeleton
+from nftproxy.core.config import ConntrackConfig, ProxyConfig
+from nftproxy.core.model import IPFamily, NodeInfo
+from nftproxy.core.nft.ops import Table
+from nftproxy.core.rules.fragment import Fragment
+from nftproxy.core.rules.skeleton import nodeport_ips, render_skeleton
 
 V4, V6 = IPFamily.IPV4, IPFamily.IPV6
 NODE = NodeInfo("node-a", ipv4=("192.168.0.2", "10.1.2.3"), ipv6=("fd00:192::2",))

@@ -26,9 +26,16 @@ import pytest
 from fakeapi import FakeApiServer
 from k8s import endpoint_slice, node, service
 
-from nftproxy import netns
-from nftproxy.sandbox.probe import answered_by
-from nftproxy.sandbox.topology import NODE_IPV4, NODE_NAME, Spec, Topology, build, default_pods
+from nftproxy.kernel import netns
+from nftproxy.tools.sandbox.probe import answered_by
+from nftproxy.tools.sandbox.topology import (
+    NODE_IPV4,
+    NODE_NAME,
+    Spec,
+    Topology,
+    build,
+    default_pods,
+)
 
 CLUSTER_IP = "10.96.0.10"
 HEALTHZ = "127.0.0.1:10256"

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from nftproxy.runner import Runner
+from nftproxy.agent.runner import Runner
 
 
 class FakeClock:

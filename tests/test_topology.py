@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from nftproxy.model import (
+from nftproxy.core.model import (
     Endpoint,
     IPFamily,
     L4Protocol,
@@ -19,7 +19,7 @@ from nftproxy.model import (
     ServicePortName,
     TrafficPolicy,
 )
-from nftproxy.topology import EndpointCategories, categorize
+from nftproxy.core.topology import EndpointCategories, categorize
 
 NODE = NodeInfo(name="node-a", labels=(("topology.kubernetes.io/zone", "zone-a"),))
 ZONELESS_NODE = NodeInfo(name="node-a")

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from nftproxy.model import Endpoint, IPFamily, L4Protocol, NamespacedName, ServicePortName
-from nftproxy.tracker import (
+from nftproxy.core.model import Endpoint, IPFamily, L4Protocol, NamespacedName, ServicePortName
+from nftproxy.core.tracker import (
     KIND_ENDPOINT_SLICES,
     KIND_SERVICES,
     ProxyState,
@@ -738,7 +738,7 @@ def test_sync_gate_opens_once_both_kinds_have_synced() -> None:
 
 
 def test_sync_gate_kinds_match_the_sources_constants() -> None:
-    from nftproxy.sources import events
+    from nftproxy.cluster import events
 
     assert (KIND_SERVICES, KIND_ENDPOINT_SLICES) == (
         events.KIND_SERVICES,

@@ -16,8 +16,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftproxy.model import Endpoint, IPFamily, ServicePort, ServicePortName
-from nftproxy.tracker import ProxyState, UpdateResult
+from nftproxy.core.model import Endpoint, IPFamily, ServicePort, ServicePortName
+from nftproxy.core.tracker import ProxyState, UpdateResult
 
 NODE = "node-a"
 NAMESPACE = "ns"

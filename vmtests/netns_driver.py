@@ -2,7 +2,7 @@
 its own nftproxy Agent, all in this process.
 
 Layer: vmtests (test tooling). One job: run `scenarios` on
-nftproxy.sandbox.cluster's namespace cluster (a LAN switch namespace, one
+nftproxy.tools.sandbox.cluster's namespace cluster (a LAN switch namespace, one
 namespace per node with its pods behind it, a client). The API server
 (apiserver.LanApiServer, the real list/watch protocol) listens on the
 client's LAN address inside the client namespace, as the runner's does in
@@ -39,17 +39,17 @@ from typing import Any
 from kubernetes import client as k8s_client
 from prometheus_client import CollectorRegistry
 
-from nftproxy import netns
-from nftproxy.agent import Agent, Source
-from nftproxy.config import ProxyConfig
-from nftproxy.conntrack import Conntrack
-from nftproxy.dump import parse_table
-from nftproxy.nft.backend import NftBackend
-from nftproxy.sandbox import cluster as _cluster
-from nftproxy.sandbox.cluster import API_PORT, CLUSTER_CIDR, Cluster, ClusterPlan, HttpAnswer
-from nftproxy.sandbox.probe import Attempt, Continuous
-from nftproxy.sources.events import ClusterEvents
-from nftproxy.sources.kube import KubeSource
+from nftproxy.agent.agent import Agent, Source
+from nftproxy.cluster.events import ClusterEvents
+from nftproxy.cluster.kube import KubeSource
+from nftproxy.core.config import ProxyConfig
+from nftproxy.kernel import netns
+from nftproxy.kernel.conntrack import Conntrack
+from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.tools.dump import parse_table
+from nftproxy.tools.sandbox import cluster as _cluster
+from nftproxy.tools.sandbox.cluster import API_PORT, CLUSTER_CIDR, Cluster, ClusterPlan, HttpAnswer
+from nftproxy.tools.sandbox.probe import Attempt, Continuous
 from vmtests import scenarios
 from vmtests.apiserver import LanApiServer
 
@@ -132,7 +132,7 @@ class NetnsDriver:
             source_factory=source_factory,
             registry=CollectorRegistry(),
             conntrack=Conntrack(netns=ns),
-            log=logging.getLogger(f"nftproxy.agent.{node}"),
+            log=logging.getLogger(f"nftproxy.agent.agent.{node}"),
         )
         try:
             netns.run_in(ns, agent.start)  # see the module docstring

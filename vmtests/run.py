@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: vmtests/ is not installed
     sys.path.insert(0, str(ROOT))
 
-from nftproxy.sandbox import cluster  # noqa: E402
+from nftproxy.tools.sandbox import cluster  # noqa: E402
 from vmtests import scenarios  # noqa: E402
 from vmtests.apiserver import LanApiServer  # noqa: E402
 

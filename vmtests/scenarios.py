@@ -6,7 +6,7 @@ nodes, independent of how the nodes exist. Two drivers run them:
 Agent; tests/test_multinode.py, CI) and `vm_driver.VmDriver` (each node a VM
 running `nftproxy run`; vmtests/run.py --mode vm inside the client VM).
 
-The cluster (nftproxy.sandbox.cluster.plan()): node-a (192.168.56.11, pods
+The cluster (nftproxy.tools.sandbox.cluster.plan()): node-a (192.168.56.11, pods
 a1 a2 in 10.244.1.0/24), node-b (192.168.56.12, pods b1 b2 in
 10.244.2.0/24), the client 192.168.56.20, which also serves the API. Every
 pod answers `<pod> peer=<source it saw>`.
@@ -59,8 +59,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nftproxy.sandbox.cluster import ClusterPlan, HttpAnswer, NodePlan, PodPlan
-from nftproxy.sandbox.probe import Attempt, answered_by, errors
+from nftproxy.tools.sandbox.cluster import ClusterPlan, HttpAnswer, NodePlan, PodPlan
+from nftproxy.tools.sandbox.probe import Attempt, answered_by, errors
 from vmtests.apiserver import LanApiServer, k8s
 
 __all__ = [

@@ -23,9 +23,9 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nftproxy.sandbox import probe as _probe
-from nftproxy.sandbox.cluster import ClusterPlan, HttpAnswer, fetch
-from nftproxy.sandbox.probe import Attempt, Continuous
+from nftproxy.tools.sandbox import probe as _probe
+from nftproxy.tools.sandbox.cluster import ClusterPlan, HttpAnswer, fetch
+from nftproxy.tools.sandbox.probe import Attempt, Continuous
 from vmtests.apiserver import LanApiServer
 
 __all__ = ["DaemonError", "VmDriver"]

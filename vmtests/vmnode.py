@@ -3,7 +3,7 @@ driven over HTTP by the runner in the client VM.
 
 Layer: vmtests (test tooling, runs as root inside a node VM: started by
 vmtests/qemu/guest-init.sh or the systemd unit vmtests/provision.sh
-installs). One job: make this VM a node of nftproxy.sandbox.cluster.plan()
+installs). One job: make this VM a node of nftproxy.tools.sandbox.cluster.plan()
 and let the runner act on it. At start it names its own network namespace
 (`ip netns attach`, so the sandbox's netns-named helpers work on the VM's
 real network), wires the node's pods (network namespaces behind /32 veths,
@@ -46,11 +46,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from nftproxy.dump import parse_table
-from nftproxy.nft.backend import NftBackend
-from nftproxy.sandbox import cluster
-from nftproxy.sandbox import probe as _probe
-from nftproxy.sandbox.topology import Pod
+from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.tools.dump import parse_table
+from nftproxy.tools.sandbox import cluster
+from nftproxy.tools.sandbox import probe as _probe
+from nftproxy.tools.sandbox.topology import Pod
 
 __all__ = ["PORT", "main"]
 

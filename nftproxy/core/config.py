@@ -1,0 +1,97 @@
+"""ProxyConfig: every setting of nftproxy as one immutable value.
+
+Layer: model-level value (imports only model). One job: hold the settings that
+shape the ruleset and the agent, with kube-proxy's defaults. Loading them from
+flags and KubeProxyConfiguration YAML lives in `config_load.py`; the pure core
+(rules, topology) only ever reads a ProxyConfig it is handed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from enum import Enum
+
+from nftproxy.core.model import IPFamily, family_of
+
+__all__ = [
+    "PRIMARY",
+    "ConntrackConfig",
+    "DetectLocalMode",
+    "ProxyConfig",
+]
+
+PRIMARY = "primary"
+"""The nodePortAddresses keyword for "the node's primary IP of each family"."""
+
+
+class DetectLocalMode(str, Enum):
+    CLUSTER_CIDR = "ClusterCIDR"
+    NODE_CIDR = "NodeCIDR"
+    BRIDGE_INTERFACE = "BridgeInterface"
+    INTERFACE_NAME_PREFIX = "InterfaceNamePrefix"
+
+
+@dataclass(frozen=True, slots=True)
+class ConntrackConfig:
+    """kube-proxy's linux.conntrack settings (0 means "leave the kernel's value")."""
+
+    max_per_core: int = 32768
+    min: int = 131072
+    tcp_established_timeout: int = 86400
+    tcp_close_wait_timeout: int = 3600
+    tcp_be_liberal: bool = False
+    udp_timeout: int = 0
+    udp_stream_timeout: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """Settings with kube-proxy's defaults.
+
+    `nodeport_addresses` empty means every local address except loopback;
+    ("primary",) means the node's primary IP per family; otherwise CIDRs.
+    """
+
+    node_name: str = ""
+    node_ips: tuple[str, ...] = ()
+    cluster_cidrs: tuple[str, ...] = ()
+    detect_local_mode: DetectLocalMode = DetectLocalMode.CLUSTER_CIDR
+    bridge_interface: str = ""
+    interface_name_prefix: str = ""
+    nodeport_addresses: tuple[str, ...] = ()
+    masquerade_all: bool = False
+    masquerade_bit: int = 14
+    table_name: str = "nftproxy"
+    sync_period: float = 30.0
+    min_sync_period: float = 1.0
+    full_sync_period: float = 3600.0
+    healthz_bind_address: str = "0.0.0.0:10256"
+    metrics_bind_address: str = "127.0.0.1:10249"
+    config_sync_period: float = 900.0
+    prefer_same_node: bool = True
+    conntrack: ConntrackConfig = field(default_factory=ConntrackConfig)
+
+    @property
+    def masquerade_mark(self) -> int:
+        """The packet mark bit KUBE-MARK-MASQ sets (bit 14 -> 0x4000)."""
+        return 1 << self.masquerade_bit
+
+    def cluster_cidrs_of(self, family: IPFamily) -> tuple[str, ...]:
+        return tuple(c for c in self.cluster_cidrs if family_of(c) is family)
+
+    def nodeport_cidrs_of(self, family: IPFamily) -> tuple[str, ...]:
+        return tuple(c for c in self.nodeport_addresses if c != PRIMARY and family_of(c) is family)
+
+    @property
+    def nodeport_primary(self) -> bool:
+        return PRIMARY in self.nodeport_addresses
+
+    def nodeport_matches_all(self, family: IPFamily) -> bool:
+        """True when node ports are served on every non-loopback local address
+        of `family`: nodePortAddresses lists no CIDR of that family (and is not
+        "primary"), or lists a /0 of it -- as kube-proxy's NewNodePortAddresses."""
+        if self.nodeport_primary:
+            return False
+        cidrs = self.nodeport_cidrs_of(family)
+        return not cidrs or any(ipaddress.ip_network(c, strict=False).prefixlen == 0 for c in cidrs)

@@ -1,0 +1,431 @@
+"""Last committed state + desired fragments -> one ordered JSON transaction.
+
+Layer: nft (pure; no kernel access). One job: diff. `TableState` is the
+in-memory record of what the last successful commit put in one family's
+table. `stage_partial` (changed owners only), `stage_full` (everything,
+against a listing of what the kernel holds) and `stage_gc` (deferred deletes)
+return a `Staged` value: the commands, and a `commit()` that records them in
+the state once the kernel has accepted them. Nothing is recorded for a
+transaction the kernel refused, so a failed commit leaves the state as it was.
+
+Command order inside one transaction (docs/nft-python-notes.md §2):
+  1 add table (full) / delete base chains whose hook changed
+  2 flush chains that are rewritten or go away
+  3 delete map/set elements that go away or change verdict (delete + add)
+  4 delete sets that go away or are re-declared (their rules were flushed in 2)
+  5 add sets, refill changed static sets
+  6 add chains, add rules
+  7 add elements (their goto targets exist since 6)
+  8 delete chains that went away -- or, after the kernel refused that with
+    EBUSY (kernels < 6.2 notice a lost vmap reference asynchronously), leave
+    them flushed and delete them in a later `stage_gc` transaction.
+Affinity sets are dynamic (filled by the datapath): added idempotently, never
+flushed, so a resync keeps every client's affinity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from nftproxy.core.model import IPFamily, ServicePortName
+from nftproxy.core.nft.ops import Table
+from nftproxy.core.rules.fragment import (
+    BaseHook,
+    Chain,
+    CompactChain,
+    CompactFragment,
+    Element,
+    Fragment,
+    Json,
+    Key,
+    SetDecl,
+    compact,
+)
+
+__all__ = [
+    "SKELETON",
+    "ElementIndex",
+    "KernelSet",
+    "KernelTable",
+    "Owner",
+    "Staged",
+    "TableState",
+    "stage_full",
+    "stage_gc",
+    "stage_partial",
+]
+
+SKELETON = "skeleton"
+Owner = ServicePortName | str
+ElemId = tuple[str, Key]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSet:
+    name: str
+    type: tuple[str, ...]
+    map: str | None = None
+    flags: tuple[str, ...] = ()
+    timeout: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTable:
+    """What a listing of one of our tables shows: chain names (with the hook
+    of base chains) and set/map declarations. Rules and elements are not
+    needed: a full sync flushes and rewrites them."""
+
+    chains: Mapping[str, BaseHook | None]
+    sets: Mapping[str, KernelSet]
+
+
+def _same_declaration(decl: SetDecl, ks: KernelSet) -> bool:
+    flags = {f for f in decl.flags if f != "dynamic"}
+    kflags = {f for f in ks.flags if f != "dynamic"}
+    return (decl.type, decl.map, flags, decl.timeout) == (ks.type, ks.map, kflags, ks.timeout)
+
+
+class ElementIndex:
+    """Who claims which element of the shared maps/sets.
+
+    Two service ports may claim the same key for a moment (one deleted and
+    one created with the same cluster IP in one sync); the owner that sorts
+    first wins, deterministically, and the other takes over when it leaves.
+    """
+
+    def __init__(self) -> None:
+        self.claims: dict[ElemId, dict[Owner, Element]] = {}
+
+    @staticmethod
+    def winner(claims: Mapping[Owner, Element] | None) -> Element | None:
+        if not claims:
+            return None
+        return claims[min(claims, key=str)]
+
+    def effective(self, elem_id: ElemId) -> Element | None:
+        return self.winner(self.claims.get(elem_id))
+
+    def replace(self, owner: Owner, old: Iterable[Element], new: Iterable[Element]) -> None:
+        for e in old:
+            claims = self.claims.get((e.set_name, e.key))
+            if claims is not None:
+                claims.pop(owner, None)
+                if not claims:
+                    del self.claims[(e.set_name, e.key)]
+        for e in new:
+            self.claims.setdefault((e.set_name, e.key), {})[owner] = e
+
+
+@dataclass
+class TableState:
+    """The last committed content of one family's table (mutable, owned by
+    the proxier, changed only through Staged.commit)."""
+
+    family: IPFamily
+    table: Table
+    fragments: dict[Owner, CompactFragment] = field(default_factory=dict)
+    chains: dict[str, CompactChain] = field(default_factory=dict)
+    sets: dict[str, SetDecl] = field(default_factory=dict)
+    index: ElementIndex = field(default_factory=ElementIndex)
+    stale_chains: set[str] = field(default_factory=set)
+    stale_sets: dict[str, bool] = field(default_factory=dict)
+    """Flushed-but-not-deleted objects awaiting stage_gc (set name -> is map)."""
+
+    def adopt(self, owner: Owner, fragment: Fragment | CompactFragment | None) -> None:
+        fragment = compact(fragment) if fragment is not None else None
+        old = self.fragments.pop(owner, None)
+        if old is not None:
+            for c in old.chains:
+                self.chains.pop(c.name, None)
+            for s in old.sets:
+                self.sets.pop(s.name, None)
+        if fragment is not None:
+            self.fragments[owner] = fragment
+            self.chains.update((c.name, c) for c in fragment.chains)
+            self.sets.update((s.name, s) for s in fragment.sets)
+        self.index.replace(
+            owner, old.elements if old else (), fragment.elements if fragment else ()
+        )
+
+
+@dataclass
+class _Batch:
+    """Commands collected per phase, concatenated in phase order."""
+
+    head: list[Json] = field(default_factory=list)
+    flush: list[Json] = field(default_factory=list)
+    del_elems: dict[str, list[Element]] = field(default_factory=dict)
+    del_sets: list[Json] = field(default_factory=list)
+    add_sets: list[Json] = field(default_factory=list)
+    add_chains: list[Json] = field(default_factory=list)
+    add_rules: list[Json] = field(default_factory=list)
+    add_elems: dict[str, list[Element]] = field(default_factory=dict)
+    del_chains: list[Json] = field(default_factory=list)
+
+    def commands(self, table: Table) -> list[Json]:
+        out = [*self.head, *self.flush]
+        for name, elems in self.del_elems.items():
+            out += table.delete_elements(name, elems)
+        out += [*self.del_sets, *self.add_sets, *self.add_chains, *self.add_rules]
+        for name, elems in self.add_elems.items():
+            out += table.add_elements(name, elems)
+        return out + self.del_chains
+
+
+@dataclass
+class Staged:
+    """A planned transaction for one table and how to record it once committed."""
+
+    commands: list[Json]
+    record: Callable[[], None]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def commit(self) -> None:
+        self.record()
+
+
+def _write_chain(b: _Batch, t: Table, chain: Chain | CompactChain, *, exists: bool) -> None:
+    if exists:
+        b.flush.append(t.flush_chain(chain.name))
+    b.add_chains.append(t.add_chain(chain))
+    b.add_rules += t.add_rules(chain)
+
+
+def _remove_chain(b: _Batch, t: Table, name: str, *, defer: bool, stale: set[str]) -> None:
+    b.flush.append(t.flush_chain(name))
+    if defer:
+        stale.add(name)
+    else:
+        b.del_chains.append(t.delete_chain(name))
+
+
+def _add_set(b: _Batch, t: Table, decl: SetDecl) -> None:
+    b.add_sets.append(t.add_set(decl))
+    b.add_sets += t.add_set_elements(decl.name, decl.elements)
+
+
+def _diff_sets(
+    b: _Batch,
+    t: Table,
+    old: Mapping[str, SetDecl],
+    new: Mapping[str, SetDecl],
+    stale_sets: dict[str, bool],
+    defer: bool,
+) -> set[str]:
+    """Emit set changes; returns the names of re-declared sets."""
+    redeclared: set[str] = set()
+    for name, decl in new.items():
+        prev = old.get(name)
+        if prev is None:
+            if stale_sets.pop(name, None) is not None:
+                # A flushed leftover may be a kernel-"dynamic" set: re-create it.
+                b.del_sets.append(t.delete_set(name, is_map=bool(decl.map)))
+            _add_set(b, t, decl)
+        elif prev.declaration() != decl.declaration():
+            redeclared.add(name)
+            b.del_sets.append(t.delete_set(name, is_map=bool(prev.map)))
+            _add_set(b, t, decl)
+        elif prev.elements != decl.elements and not decl.dynamic:
+            b.add_sets += [t.flush_set(decl), *t.add_set_elements(name, decl.elements)]
+    for name, prev in old.items():
+        if name not in new:
+            if defer:
+                stale_sets[name] = bool(prev.map)
+            else:
+                b.del_sets.append(t.delete_set(name, is_map=bool(prev.map)))
+    return redeclared
+
+
+def _refs(chain: CompactChain, set_names: set[str]) -> bool:
+    return any(f'"@{s}"' in chain.body for s in set_names)
+
+
+def _diff_chains(
+    b: _Batch,
+    state: TableState,
+    old: CompactFragment | None,
+    new: CompactFragment | None,
+    redeclared: set[str],
+    stale: set[str],
+    defer: bool,
+) -> None:
+    t = state.table
+    old_chains = {c.name: c for c in old.chains} if old else {}
+    for chain in new.chains if new else ():
+        prev = old_chains.get(chain.name)
+        if prev is None:
+            existed = chain.name in stale
+            stale.discard(chain.name)
+            _write_chain(b, t, chain, exists=existed)
+        elif prev != chain or _refs(chain, redeclared):
+            _write_chain(b, t, chain, exists=True)
+    new_names = new.chain_names() if new else frozenset()
+    for name in old_chains:
+        if name not in new_names:
+            _remove_chain(b, t, name, defer=defer, stale=stale)
+
+
+_Change = tuple[CompactFragment | None, CompactFragment | None]
+
+
+def _diff_elements(b: _Batch, index: ElementIndex, changes: Mapping[Owner, _Change]) -> int:
+    """Resolve claims of the changed owners against everyone's; emit the
+    effective changes. Returns the number of element changes."""
+    touched: dict[ElemId, dict[Owner, Element]] = {}
+    for owner, (old, new) in changes.items():
+        for e in old.elements if old else ():
+            claims = touched.setdefault(
+                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), {}))
+            )
+            claims.pop(owner, None)
+        for e in new.elements if new else ():
+            claims = touched.setdefault(
+                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), {}))
+            )
+            claims[owner] = e
+    n = 0
+    for elem_id, claims in touched.items():
+        before, after = index.effective(elem_id), ElementIndex.winner(claims)
+        if before == after:
+            continue
+        if before is not None and (after is None or before.verdict != after.verdict):
+            b.del_elems.setdefault(elem_id[0], []).append(before)
+            n += 1
+        if after is not None and (before is None or before.verdict != after.verdict):
+            b.add_elems.setdefault(elem_id[0], []).append(after)
+            n += 1
+    return n
+
+
+def stage_partial(
+    state: TableState,
+    desired: Mapping[Owner, Fragment | CompactFragment | None],
+    *,
+    defer_deletes: bool = False,
+) -> Staged:
+    """Plan the changes of the owners in `desired` (None = owner gone)."""
+    changes: dict[Owner, _Change] = {}
+    for owner, fragment in desired.items():
+        new = compact(fragment) if fragment is not None else None
+        old = state.fragments.get(owner)
+        if old != new:
+            changes[owner] = (old, new)
+    b = _Batch()
+    stale, stale_sets = set(state.stale_chains), dict(state.stale_sets)
+    for old, new in changes.values():
+        redeclared = _diff_sets(
+            b,
+            state.table,
+            {s.name: s for s in old.sets} if old else {},
+            {s.name: s for s in new.sets} if new else {},
+            stale_sets,
+            defer_deletes,
+        )
+        _diff_chains(b, state, old, new, redeclared, stale, defer_deletes)
+    n_elems = _diff_elements(b, state.index, changes)
+    commands = b.commands(state.table)
+
+    def record() -> None:
+        for owner, (_, new) in changes.items():
+            state.adopt(owner, new)
+        state.stale_chains, state.stale_sets = stale, stale_sets
+
+    return Staged(commands, record, {"owners": len(changes), "elements": n_elems})
+
+
+def _full_sets(
+    b: _Batch,
+    t: Table,
+    kernel: KernelTable,
+    desired: Mapping[str, SetDecl],
+    stale_sets: dict[str, bool],
+    defer: bool,
+) -> None:
+    kept: set[str] = set()
+    for name, ks in kernel.sets.items():
+        decl = desired.get(name)
+        if decl is None:
+            if defer:
+                stale_sets[name] = ks.map is not None
+            else:
+                b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
+        elif not _same_declaration(decl, ks):
+            b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
+        elif decl.dynamic:
+            # Keep it untouched, with its clients: re-adding it would fail with
+            # EEXIST, since the kernel made it "dynamic" when the update rule
+            # was added and 1.0.6 JSON cannot say "dynamic" (nft-python-notes §2).
+            kept.add(name)
+        else:
+            b.flush.append(t.flush_set(decl))
+    for decl in desired.values():
+        if decl.name not in kept:
+            _add_set(b, t, decl)
+
+
+def _full_chains(
+    b: _Batch,
+    t: Table,
+    kernel: KernelTable,
+    desired: Mapping[str, Chain | CompactChain],
+    stale: set[str],
+    defer: bool,
+) -> None:
+    for name, hook in kernel.chains.items():
+        chain = desired.get(name)
+        if chain is None:
+            _remove_chain(b, t, name, defer=defer, stale=stale)
+        elif hook != chain.hook:
+            b.head += [t.flush_chain(name), t.delete_chain(name)]
+    for chain in desired.values():
+        exists = chain.name in kernel.chains and kernel.chains[chain.name] == chain.hook
+        _write_chain(b, t, chain, exists=exists)
+
+
+def stage_full(
+    state: TableState,
+    kernel: KernelTable | None,
+    desired: Mapping[Owner, Fragment | CompactFragment],
+    *,
+    defer_deletes: bool = False,
+) -> Staged:
+    """Rebuild the whole table: everything desired is (re)written, everything
+    else the kernel holds in our table is flushed and deleted."""
+    fresh = TableState(state.family, state.table)
+    for owner, fragment in desired.items():
+        fresh.adopt(owner, fragment)
+    kernel = kernel or KernelTable({}, {})
+    t, b = state.table, _Batch(head=[state.table.add_table()])
+    # Rules are emitted from the rendered chains (no JSON round trip).
+    chains = {c.name: c for f in desired.values() for c in f.chains}
+    _full_chains(b, t, kernel, chains, fresh.stale_chains, defer_deletes)
+    _full_sets(b, t, kernel, fresh.sets, fresh.stale_sets, defer_deletes)
+    for elem_id in fresh.index.claims:
+        e = fresh.index.effective(elem_id)
+        if e is not None:
+            b.add_elems.setdefault(e.set_name, []).append(e)
+    commands = b.commands(t)
+
+    def record() -> None:
+        state.fragments, state.chains, state.sets = fresh.fragments, fresh.chains, fresh.sets
+        state.index, state.stale_chains, state.stale_sets = (
+            fresh.index,
+            fresh.stale_chains,
+            fresh.stale_sets,
+        )
+
+    counts = {"owners": len(desired), "elements": len(fresh.index.claims)}
+    return Staged(commands, record, counts)
+
+
+def stage_gc(state: TableState) -> Staged:
+    """Delete the chains and sets earlier transactions left flushed."""
+    t = state.table
+    commands = [t.delete_chain(n) for n in sorted(state.stale_chains)]
+    commands += [t.delete_set(n, is_map=m) for n, m in sorted(state.stale_sets.items())]
+
+    def record() -> None:
+        state.stale_chains, state.stale_sets = set(), {}
+
+    return Staged(commands, record, {"deleted": len(commands)})

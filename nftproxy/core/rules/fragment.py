@@ -1,0 +1,175 @@
+"""The desired ruleset as values: chains, rules, sets, map elements.
+
+Layer: rules (pure). One job: the vocabulary the renderers produce and the
+planner diffs. A `Fragment` is everything one owner (one service port, or the
+skeleton) contributes to one family's table. Rule expressions are kept as
+libnftables JSON statement dicts (the shapes in docs/nft-python-notes.md §2);
+map keys and verdicts are small hashable tuples so the planner can diff and
+index them cheaply, and are turned into JSON only when a command is emitted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nftproxy.core.model import IPFamily
+
+__all__ = [
+    "BaseHook",
+    "Chain",
+    "CompactChain",
+    "CompactFragment",
+    "Element",
+    "Fragment",
+    "Json",
+    "Key",
+    "Rule",
+    "SetDecl",
+    "Verdict",
+    "compact",
+]
+
+Json = Mapping[str, Any]
+Key = tuple[str | int, ...]
+"""A map/set key: ("10.96.0.10", "tcp", 80), ("tcp", 30080) or ("10.96.0.10",)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A map element's value: ("goto", chain) or ("drop", "")."""
+
+    kind: str
+    target: str = ""
+
+    def to_json(self) -> Json:
+        if self.target:
+            return {self.kind: {"target": self.target}}
+        return {self.kind: None}
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.target}".strip()
+
+
+@dataclass(frozen=True, slots=True)
+class BaseHook:
+    """How a base chain hooks into netfilter (priorities are integers: 1.0.6
+    JSON silently creates a plain chain for a string priority)."""
+
+    type: str
+    hook: str
+    prio: int
+    policy: str = "accept"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    expr: tuple[Json, ...]
+    comment: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    name: str
+    rules: tuple[Rule, ...] = ()
+    hook: BaseHook | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SetDecl:
+    """A named set or verdict map.
+
+    `type` is the key type (a tuple for concatenations); `map` the value type
+    for maps ("verdict"); `elements` the static content as JSON element
+    expressions (interval sets). `dynamic` sets (affinity) are filled by the
+    datapath: the planner adds them idempotently and never flushes them.
+    Elements of the shared dispatch maps are not here: they are `Element`s
+    owned by fragments.
+    """
+
+    name: str
+    type: tuple[str, ...]
+    map: str | None = None
+    flags: tuple[str, ...] = ()
+    timeout: int | None = None
+    elements: tuple[Any, ...] = ()
+    dynamic: bool = False
+    comment: str | None = None
+
+    def declaration(self) -> tuple[Any, ...]:
+        """What cannot change in place: a different declaration means delete + add."""
+        return (self.type, self.map, self.flags, self.timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One element of a shared set or map (`set_name`), owned by a fragment.
+
+    `verdict` is None for plain sets.
+    """
+
+    set_name: str
+    key: Key
+    verdict: Verdict | None = None
+    comment: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fragment:
+    """What one owner contributes to one family's table."""
+
+    family: IPFamily
+    chains: tuple[Chain, ...] = ()
+    sets: tuple[SetDecl, ...] = ()
+    elements: tuple[Element, ...] = ()
+
+    def chain_names(self) -> frozenset[str]:
+        return frozenset(c.name for c in self.chains)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactChain:
+    """A chain as the committed state keeps it: its rules as one JSON text.
+
+    Python dicts cost ~1 KB per rule; 10,000 services x 10 endpoints hold
+    ~250,000 rules, so the state of the last commit keeps this form (equal
+    rules give equal text, since renderers are deterministic).
+    """
+
+    name: str
+    hook: BaseHook | None
+    body: str
+    size: int
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return tuple(Rule(tuple(e), c) for e, c in json.loads(self.body))
+
+
+@dataclass(frozen=True, slots=True)
+class CompactFragment:
+    """A Fragment whose chains are CompactChains (see there)."""
+
+    family: IPFamily
+    chains: tuple[CompactChain, ...] = ()
+    sets: tuple[SetDecl, ...] = ()
+    elements: tuple[Element, ...] = ()
+
+    def chain_names(self) -> frozenset[str]:
+        return frozenset(c.name for c in self.chains)
+
+
+def _compact_chain(chain: Chain | CompactChain) -> CompactChain:
+    if isinstance(chain, CompactChain):
+        return chain
+    body = json.dumps([[list(r.expr), r.comment] for r in chain.rules], separators=(",", ":"))
+    return CompactChain(chain.name, chain.hook, body, len(chain.rules))
+
+
+def compact(fragment: Fragment | CompactFragment) -> CompactFragment:
+    if isinstance(fragment, CompactFragment):
+        return fragment
+    chains = tuple(_compact_chain(c) for c in fragment.chains)
+    return CompactFragment(fragment.family, chains, fragment.sets, fragment.elements)

@@ -1,0 +1,99 @@
+"""KUBE-* names, exactly as kube-proxy's iptables mode spells them.
+
+Layer: rules (pure). One job: every chain/set/map name and every comment
+string nftproxy writes, with the kernel's limits enforced here and nowhere
+else, so an operator can line `nftproxy dump` up against `iptables-save` from
+a kube-proxy node.
+
+Hashes (kube-proxy pkg/proxy/iptables): h = base32(sha256(spn + proto))[:16]
+where spn is "ns/name" or "ns/name:port" and proto is lower case; endpoint
+chains hash spn + proto + "ip:port" ("[ip]:port" for IPv6).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+from nftproxy.core.model import Endpoint, ServicePortName
+
+__all__ = [
+    "COMMENT_MAX_BYTES",
+    "NAME_MAX",
+    "affinity_set",
+    "comment",
+    "endpoint_chain",
+    "external_chain",
+    "firewall_chain",
+    "firewall_set",
+    "local_chain",
+    "service_chain",
+    "service_hash",
+]
+
+NAME_MAX = 256
+"""NFT_CHAIN_MAXNAMELEN / NFT_SET_MAXNAMELEN (kernel >= 4.x): names are < 256 bytes."""
+
+COMMENT_MAX_BYTES = 128
+"""libnftables rejects comments over 128 bytes (NFT_USERDATA comment limit);
+kubernetes#139515 shows one long comment failing the whole transaction."""
+
+
+def _hash16(text: str) -> str:
+    digest = hashlib.sha256(text.encode()).digest()
+    return base64.b32encode(digest).decode()[:16]
+
+
+def service_hash(spn: ServicePortName) -> str:
+    """>>> service_hash(ServicePortName("ns1", "svc1", "p80", L4Protocol.TCP))
+    'XPGD46QRK7WJZT7O'  # pinned in tests/test_names.py
+    """
+    return _hash16(str(spn) + spn.protocol.nft)
+
+
+def service_chain(spn: ServicePortName) -> str:
+    """KUBE-SVC-<h>: the Cluster-policy endpoint chooser of a service port."""
+    return "KUBE-SVC-" + service_hash(spn)
+
+
+def local_chain(spn: ServicePortName) -> str:
+    """KUBE-SVL-<h>: the Local-policy endpoint chooser (local endpoints only)."""
+    return "KUBE-SVL-" + service_hash(spn)
+
+
+def external_chain(spn: ServicePortName) -> str:
+    """KUBE-EXT-<h>: external destinations (node port, external IP, LB IP)."""
+    return "KUBE-EXT-" + service_hash(spn)
+
+
+def firewall_chain(spn: ServicePortName) -> str:
+    """KUBE-FW-<h>: loadBalancerSourceRanges check, evaluated before DNAT."""
+    return "KUBE-FW-" + service_hash(spn)
+
+
+def firewall_set(spn: ServicePortName) -> str:
+    """KUBE-FW-<h>-ranges: the allowed source ranges of one service port."""
+    return firewall_chain(spn) + "-ranges"
+
+
+def endpoint_chain(spn: ServicePortName, endpoint: Endpoint) -> str:
+    """KUBE-SEP-<h>: one endpoint's hairpin mark, affinity update and DNAT."""
+    return "KUBE-SEP-" + _hash16(str(spn) + spn.protocol.nft + endpoint.address)
+
+
+def affinity_set(spn: ServicePortName, endpoint: Endpoint) -> str:
+    """KUBE-SEP-<h>-affinity: clients recently sent to this endpoint (ClientIP)."""
+    return endpoint_chain(spn, endpoint) + "-affinity"
+
+
+def comment(text: str) -> str:
+    """`text` if it fits the kernel's comment budget, else a deterministic
+    truncation that ends in a short hash of the whole text (so two long
+    comments stay distinguishable). UTF-8 aware: never splits a character."""
+    raw = text.encode()
+    if len(raw) <= COMMENT_MAX_BYTES:
+        return text
+    tail = "..." + _hash16(text)[:8]
+    budget = COMMENT_MAX_BYTES - len(tail)
+    head = raw[:budget].decode(errors="ignore")
+    return head + tail

@@ -1,0 +1,314 @@
+"""One service port -> its fragment of the ruleset.
+
+Layer: rules (pure). One job: kube-proxy's per-service-port semantics
+(docs/kube-proxy-semantics.md, upstream-nftables-notes.md §1.5-§1.15) as
+small per-feature renderers, each a pure function of the decisions in
+`PortPlan`. `render_service_port` composes them.
+
+Chains: KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
+KUBE-EXT (external destinations), KUBE-FW (source ranges, pre-DNAT), KUBE-SEP
+(one endpoint). Endpoint choice is the numgen cascade: rule i of n is
+`numgen random mod (n-i) == 0 goto KUBE-SEP-i`, the last a plain goto
+(DESIGN.md §3 explains why not a per-service vmap).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import Endpoint, IPFamily, NodeInfo, ServicePort
+from nftproxy.core.rules import expr, names
+from nftproxy.core.rules import skeleton as sk
+from nftproxy.core.rules.detect import LocalDetector
+from nftproxy.core.rules.fragment import Chain, Element, Fragment, Json, Rule, SetDecl, Verdict
+from nftproxy.core.topology import EndpointCategories, categorize
+
+__all__ = ["PortPlan", "RenderContext", "RenderedPort", "plan_port", "render_service_port"]
+
+REJECT = Verdict("goto", sk.REJECT)
+DROP = Verdict("drop")
+
+
+@dataclass(frozen=True, slots=True)
+class RenderContext:
+    """Everything a service port's fragment depends on besides the port itself."""
+
+    family: IPFamily
+    config: ProxyConfig
+    node: NodeInfo
+    detector: LocalDetector | None
+
+
+@dataclass(frozen=True, slots=True)
+class PortPlan:
+    """The decisions kube-proxy's syncProxyRules makes per service port."""
+
+    port: ServicePort
+    cats: EndpointCategories
+    has_internal: bool
+    has_external: bool
+    uses_cluster_chain: bool
+    uses_local_chain: bool
+    uses_ext_chain: bool
+    uses_fw_chain: bool
+
+    @property
+    def internal_chain(self) -> str:
+        spn = self.port.name
+        return (
+            names.local_chain(spn) if self.port.internal_policy_local else names.service_chain(spn)
+        )
+
+    @property
+    def internal_verdict(self) -> Verdict:
+        """What traffic to the cluster IP gets when has_internal is False."""
+        return REJECT if not self.cats.has_any else DROP
+
+    @property
+    def external_verdict(self) -> Verdict:
+        return REJECT if not self.cats.has_any else DROP
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPort:
+    fragment: Fragment
+    internal_dropped: bool
+    """iTP=Local with endpoints elsewhere but none here (metric no_local_endpoints)."""
+    external_dropped: bool
+    """eTP=Local with endpoints elsewhere but none here."""
+
+
+def plan_port(port: ServicePort, endpoints: Sequence[Endpoint], ctx: RenderContext) -> PortPlan:
+    cats = categorize(endpoints, port, ctx.node, prefer_same_node=ctx.config.prefer_same_node)
+    has_internal = cats.has_any and (not port.internal_policy_local or bool(cats.local))
+    has_external = cats.has_any and (not port.external_policy_local or bool(cats.local))
+    return PortPlan(
+        port=port,
+        cats=cats,
+        has_internal=has_internal,
+        has_external=has_external,
+        uses_cluster_chain=bool(cats.cluster) and port.uses_cluster_endpoints,
+        uses_local_chain=bool(cats.local) and port.uses_local_endpoints,
+        uses_ext_chain=cats.has_any and port.externally_accessible,
+        uses_fw_chain=bool(port.load_balancer_vips and port.load_balancer_source_ranges),
+    )
+
+
+def _key(ip: str, port: ServicePort, number: int) -> tuple[str, str, int]:
+    return (ip, port.protocol.nft, number)
+
+
+def _cluster_ip_elements(p: PortPlan) -> list[Element]:
+    port, label = p.port, str(p.port.name)
+    key = _key(port.cluster_ip, port, port.port)
+    out = [Element(sk.CLUSTER_IPS, (port.cluster_ip,))]
+    if p.has_internal:
+        out.append(Element(sk.SERVICE_IPS, key, Verdict("goto", p.internal_chain), label))
+    else:
+        out.append(Element(sk.NO_ENDPOINT_SERVICES, key, p.internal_verdict, label))
+    return out
+
+
+def _external_elements(p: PortPlan) -> list[Element]:
+    """External IPs and LB VIPs go to KUBE-EXT; no (local) endpoints -> reject/drop."""
+    port, label = p.port, str(p.port.name)
+    ext = Verdict("goto", names.external_chain(port.name))
+    out: list[Element] = []
+    for ip in (*port.external_ips, *port.load_balancer_vips):
+        key = _key(ip, port, port.port)
+        if p.uses_ext_chain:
+            out.append(Element(sk.SERVICE_IPS, key, ext, label))
+        if not p.has_external:
+            out.append(Element(sk.NO_ENDPOINT_SERVICES, key, p.external_verdict, label))
+    if p.uses_fw_chain:
+        fw = Verdict("goto", names.firewall_chain(port.name))
+        out += [
+            Element(sk.FIREWALL_IPS, _key(ip, port, port.port), fw, label)
+            for ip in port.load_balancer_vips
+        ]
+    return out
+
+
+def _nodeport_elements(p: PortPlan) -> list[Element]:
+    port, label = p.port, str(p.port.name)
+    if not port.node_port:
+        return []
+    key = (port.protocol.nft, port.node_port)
+    out: list[Element] = []
+    if p.uses_ext_chain:
+        ext = Verdict("goto", names.external_chain(port.name))
+        out.append(Element(sk.SERVICE_NODEPORTS, key, ext, label))
+    if not p.has_external:
+        out.append(Element(sk.NO_ENDPOINT_NODEPORTS, key, p.external_verdict, label))
+    return out
+
+
+def _masquerade_rule(p: PortPlan, ctx: RenderContext) -> list[Rule]:
+    """Mark off-cluster traffic to the cluster IP (or all of it with
+    masqueradeAll); no detector and no masqueradeAll -> no rule (kube-proxy)."""
+    port = p.port
+    if ctx.config.masquerade_all:
+        source: tuple[Json, ...] = ()
+    elif ctx.detector is not None:
+        source = ctx.detector.if_not_local
+    else:
+        return []
+    dst = (
+        expr.addr_match(ctx.family, "daddr", (port.cluster_ip,)),
+        expr.port_match(port.protocol, port.port),
+    )
+    return [Rule((*dst, *source, expr.jump(sk.MARK_MASQ)), f"{port.name} cluster IP")]
+
+
+def _chooser_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderContext) -> list[Rule]:
+    """Affinity lookups, then the numgen cascade over `endpoints`."""
+    spn, label = p.port.name, str(p.port.name)
+    rules: list[Rule] = []
+    if p.port.affinity:
+        for ep in endpoints:
+            lookup = expr.set_lookup(ctx.family, "saddr", names.affinity_set(spn, ep))
+            rules.append(
+                Rule(
+                    (lookup, expr.goto(names.endpoint_chain(spn, ep))),
+                    f"{label} -> {ep.address} affinity",
+                )
+            )
+    n = len(endpoints)
+    for i, ep in enumerate(endpoints):
+        target = expr.goto(names.endpoint_chain(spn, ep))
+        stmts = (target,) if i == n - 1 else (expr.numgen_zero(n - i), target)
+        rules.append(Rule(stmts, f"{label} -> {ep.address}"))
+    return rules
+
+
+def _policy_chains(p: PortPlan, ctx: RenderContext) -> list[Chain]:
+    spn = p.port.name
+    out: list[Chain] = []
+    for used, name, eps, is_local in (
+        (p.uses_cluster_chain, names.service_chain(spn), p.cats.cluster, False),
+        (p.uses_local_chain, names.local_chain(spn), p.cats.local, True),
+    ):
+        if not used:
+            continue
+        internal = p.has_internal and is_local == p.port.internal_policy_local
+        masq = _masquerade_rule(p, ctx) if internal else []
+        out.append(Chain(name, (*masq, *_chooser_rules(p, eps, ctx))))
+    return out
+
+
+def _external_chain(p: PortPlan, ctx: RenderContext) -> list[Chain]:
+    if not p.uses_ext_chain:
+        return []
+    spn, label = p.port.name, str(p.port.name)
+    svc = expr.goto(names.service_chain(spn))
+    if not p.port.external_policy_local:
+        rules = [
+            Rule(
+                (expr.jump(sk.MARK_MASQ),), f"masquerade traffic for {label} external destinations"
+            ),
+            Rule((svc,)),
+        ]
+        return [Chain(names.external_chain(spn), tuple(rules))]
+    rules = []
+    if ctx.detector is not None:
+        rules.append(
+            Rule((*ctx.detector.if_local, svc), f"pod traffic for {label} external destinations")
+        )
+    local_src = expr.fib_local("saddr")
+    rules += [
+        Rule((local_src, expr.jump(sk.MARK_MASQ)), f"masquerade LOCAL traffic for {label}"),
+        Rule((local_src, svc), f"route LOCAL traffic for {label} external destinations"),
+    ]
+    if p.has_external:
+        rules.append(Rule((expr.goto(names.local_chain(spn)),)))
+    return [Chain(names.external_chain(spn), tuple(rules))]
+
+
+def _firewall(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[SetDecl]]:
+    """KUBE-FW drops sources outside loadBalancerSourceRanges; when a range
+    contains a node IP the LB IPs are allowed too (VIP-style LBs loop a node's
+    own request back with the VIP as source)."""
+    if not p.uses_fw_chain:
+        return [], []
+    port, family = p.port, ctx.family
+    ranges = list(port.load_balancer_source_ranges)
+    if _contains_any(ranges, ctx.node.ips_of(family)):
+        ranges += [
+            f"{ip}/{32 if family is IPFamily.IPV4 else 128}" for ip in port.load_balancer_vips
+        ]
+    set_name = names.firewall_set(port.name)
+    decl = SetDecl(
+        set_name,
+        (sk.addr_type(family),),
+        flags=("interval",),
+        elements=tuple(expr.prefix(r) for r in _merge(ranges)),
+    )
+    rule = Rule(
+        (expr.set_lookup(family, "saddr", set_name, negate=True), expr.drop()),
+        f"{port.name} loadBalancerSourceRanges",
+    )
+    return [Chain(names.firewall_chain(port.name), (rule,))], [decl]
+
+
+def _contains_any(cidrs: Sequence[str], ips: Sequence[str]) -> bool:
+    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    return any(ipaddress.ip_address(ip) in n for ip in ips for n in nets)
+
+
+def _merge(cidrs: Sequence[str]) -> list[str]:
+    """Collapse overlapping ranges: an interval set refuses overlaps."""
+    v4 = [n for n in map(_net, cidrs) if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in map(_net, cidrs) if isinstance(n, ipaddress.IPv6Network)]
+    merged = [*ipaddress.collapse_addresses(v4), *ipaddress.collapse_addresses(v6)]
+    return [str(n) for n in merged]
+
+
+def _net(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    return ipaddress.ip_network(cidr, strict=False)
+
+
+def _endpoint_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[SetDecl]]:
+    spn, port = p.port.name, p.port
+    chains: list[Chain] = []
+    sets: list[SetDecl] = []
+    for ep in p.cats.reachable:
+        label = f"{spn} -> {ep.address}"
+        rules = [
+            Rule(
+                (expr.addr_match(ctx.family, "saddr", (ep.ip,)), expr.jump(sk.MARK_MASQ)),
+                f"{label} hairpin",
+            )
+        ]
+        if port.affinity:
+            aff = names.affinity_set(spn, ep)
+            sets.append(
+                SetDecl(
+                    aff,
+                    (sk.addr_type(ctx.family),),
+                    flags=("timeout",),
+                    timeout=port.affinity_timeout,
+                    dynamic=True,
+                )
+            )
+            rules.append(Rule((expr.set_update(ctx.family, aff),)))
+        rules.append(Rule((expr.l4proto(port.protocol), expr.dnat(ep.ip, ep.port)), label))
+        chains.append(Chain(names.endpoint_chain(spn, ep), tuple(rules)))
+    return chains, sets
+
+
+def render_service_port(
+    port: ServicePort, endpoints: Sequence[Endpoint], ctx: RenderContext
+) -> RenderedPort:
+    """The whole fragment of one service port in ctx.family's table."""
+    p = plan_port(port, endpoints, ctx)
+    fw_chains, fw_sets = _firewall(p, ctx)
+    ep_chains, aff_sets = _endpoint_chains(p, ctx)
+    chains = (*_policy_chains(p, ctx), *_external_chain(p, ctx), *fw_chains, *ep_chains)
+    elements = (*_cluster_ip_elements(p), *_external_elements(p), *_nodeport_elements(p))
+    fragment = Fragment(ctx.family, chains, (*fw_sets, *aff_sets), elements)
+    dropped_int = p.cats.has_any and not p.has_internal
+    dropped_ext = p.cats.has_any and not p.has_external and port.externally_accessible
+    return RenderedPort(fragment, dropped_int, dropped_ext)

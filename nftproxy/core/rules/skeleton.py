@@ -1,0 +1,291 @@
+"""The fixed part of each family's table: base chains, KUBE-* top-level
+chains, the dispatch maps and the shared sets.
+
+Layer: rules (pure). One job: render the skeleton as data. Per-service
+content reaches the maps only as elements owned by service fragments.
+
+Packet path of a new connection (docs/upstream-nftables-notes.md §1.6):
+  filter prerouting/output -110  KUBE-FIREWALL-CHECK: loadBalancerSourceRanges, pre-DNAT
+  nat prerouting/output -100     KUBE-SERVICES: service-ips vmap, then KUBE-NODEPORTS
+  filter input/forward/output 0  KUBE-EXTERNAL-SERVICES: no-endpoint reject/drop (post-DNAT)
+                                 KUBE-CLUSTER-IPS-CHECK: unknown ports / unallocated IPs
+  filter forward 0               KUBE-FORWARD
+  nat postrouting 100            KUBE-POSTROUTING: masquerade marked packets
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import IPFamily, L4Protocol, NodeInfo
+from nftproxy.core.rules import expr
+from nftproxy.core.rules.fragment import BaseHook, Chain, Fragment, Json, Rule, SetDecl
+
+__all__ = [
+    "CLUSTER_IPS",
+    "CLUSTER_IPS_CHECK",
+    "EXTERNAL_SERVICES",
+    "FIREWALL_CHECK",
+    "FIREWALL_IPS",
+    "FORWARD",
+    "MARK_MASQ",
+    "NODEPORTS",
+    "NODEPORT_IPS",
+    "NO_ENDPOINT_NODEPORTS",
+    "NO_ENDPOINT_SERVICES",
+    "POSTROUTING",
+    "REJECT",
+    "SERVICES",
+    "SERVICE_CIDRS",
+    "SERVICE_IPS",
+    "SERVICE_NODEPORTS",
+    "addr_type",
+    "nodeport_ips",
+    "render_skeleton",
+]
+
+SERVICES = "KUBE-SERVICES"
+NODEPORTS = "KUBE-NODEPORTS"
+FIREWALL_CHECK = "KUBE-FIREWALL-CHECK"
+EXTERNAL_SERVICES = "KUBE-EXTERNAL-SERVICES"
+CLUSTER_IPS_CHECK = "KUBE-CLUSTER-IPS-CHECK"
+FORWARD = "KUBE-FORWARD"
+REJECT = "KUBE-REJECT"
+MARK_MASQ = "KUBE-MARK-MASQ"
+POSTROUTING = "KUBE-POSTROUTING"
+
+SERVICE_IPS = "service-ips"
+SERVICE_NODEPORTS = "service-nodeports"
+NO_ENDPOINT_SERVICES = "no-endpoint-services"
+NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
+FIREWALL_IPS = "firewall-ips"
+CLUSTER_IPS = "cluster-ips"
+NODEPORT_IPS = "nodeport-ips"
+SERVICE_CIDRS = "service-cidrs"
+
+_PROTO_PORT = ("inet_proto", "inet_service")
+_LOOPBACK = {IPFamily.IPV4: "127.0.0.0/8", IPFamily.IPV6: "::1/128"}
+
+
+def addr_type(family: IPFamily) -> str:
+    return "ipv4_addr" if family is IPFamily.IPV4 else "ipv6_addr"
+
+
+def _rule(*statements: Json, comment: str | None = None) -> Rule:
+    return Rule(tuple(statements), comment)
+
+
+def _base_chains() -> tuple[Chain, ...]:
+    new = expr.ct_state("new")
+    return (
+        Chain(
+            "filter-prerouting-pre-dnat",
+            (_rule(new, expr.jump(FIREWALL_CHECK)),),
+            BaseHook("filter", "prerouting", -110),
+        ),
+        Chain(
+            "filter-output-pre-dnat",
+            (_rule(new, expr.jump(FIREWALL_CHECK)),),
+            BaseHook("filter", "output", -110),
+        ),
+        Chain("nat-prerouting", (_rule(expr.jump(SERVICES)),), BaseHook("nat", "prerouting", -100)),
+        Chain("nat-output", (_rule(expr.jump(SERVICES)),), BaseHook("nat", "output", -100)),
+        Chain(
+            "filter-input",
+            (_rule(new, expr.jump(EXTERNAL_SERVICES)),),
+            BaseHook("filter", "input", 0),
+        ),
+        Chain(
+            "filter-forward",
+            (
+                _rule(new, expr.jump(EXTERNAL_SERVICES)),
+                _rule(new, expr.jump(CLUSTER_IPS_CHECK)),
+                _rule(expr.jump(FORWARD)),
+            ),
+            BaseHook("filter", "forward", 0),
+        ),
+        Chain(
+            "filter-output",
+            (
+                _rule(new, expr.jump(EXTERNAL_SERVICES)),
+                _rule(new, expr.jump(CLUSTER_IPS_CHECK)),
+            ),
+            BaseHook("filter", "output", 0),
+        ),
+        Chain(
+            "nat-postrouting", (_rule(expr.jump(POSTROUTING)),), BaseHook("nat", "postrouting", 100)
+        ),
+    )
+
+
+def _nodeport_address_match(family: IPFamily, config: ProxyConfig) -> tuple[Json, ...]:
+    """Which destinations count as node-port addresses (kube-proxy: all local
+    non-loopback addresses, or the nodeport-ips set when restricted)."""
+    if config.nodeport_matches_all(family):
+        loopback = expr.addr_match(family, "daddr", (_LOOPBACK[family],), negate=True)
+        return (expr.fib_local("daddr"), loopback)
+    return (expr.set_lookup(family, "daddr", NODEPORT_IPS),)
+
+
+def _dispatch_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
+    daddr_key = expr.concat_daddr_proto_dport(family)
+    nodeport_dst = _nodeport_address_match(family, config)
+    return (
+        Chain(
+            SERVICES,
+            (
+                _rule(
+                    expr.vmap(daddr_key, SERVICE_IPS),
+                    comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
+                ),
+                _rule(
+                    *nodeport_dst, expr.goto(NODEPORTS), comment="NodePort traffic (must be last)"
+                ),
+            ),
+        ),
+        Chain(NODEPORTS, (_rule(expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS)),)),
+        Chain(
+            FIREWALL_CHECK,
+            (_rule(expr.vmap(daddr_key, FIREWALL_IPS), comment="loadBalancerSourceRanges"),),
+        ),
+        Chain(
+            EXTERNAL_SERVICES,
+            (
+                _rule(
+                    expr.vmap(daddr_key, NO_ENDPOINT_SERVICES),
+                    comment="services with no (local) endpoints",
+                ),
+                _rule(
+                    *nodeport_dst,
+                    expr.vmap(expr.concat_proto_dport(), NO_ENDPOINT_NODEPORTS),
+                    comment="node ports with no (local) endpoints",
+                ),
+            ),
+        ),
+        Chain(
+            CLUSTER_IPS_CHECK,
+            (
+                _rule(
+                    expr.set_lookup(family, "daddr", CLUSTER_IPS),
+                    expr.goto(REJECT),
+                    comment="Reject traffic to invalid ports of ClusterIPs",
+                ),
+                _rule(
+                    expr.set_lookup(family, "daddr", SERVICE_CIDRS),
+                    expr.drop(),
+                    comment="Drop traffic to unallocated ClusterIPs",
+                ),
+            ),
+        ),
+    )
+
+
+def _helper_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
+    bit = config.masquerade_mark
+    forward: list[Rule] = []
+    if not config.conntrack.tcp_be_liberal:
+        forward.append(
+            _rule(expr.ct_state("invalid"), expr.drop(), comment="drop conntrack INVALID packets")
+        )
+    forward += [
+        _rule(expr.mark_is_set(bit), expr.accept(), comment="forward marked for masquerade"),
+        _rule(
+            expr.ct_state("established", "related"),
+            expr.accept(),
+            comment="forward established connections",
+        ),
+    ]
+    return (
+        Chain(
+            REJECT,
+            (
+                _rule(expr.l4proto(L4Protocol.TCP), expr.reject_tcp_reset()),
+                _rule(expr.reject_icmp(family)),
+            ),
+        ),
+        Chain(MARK_MASQ, (_rule(expr.mark_set(bit)),)),
+        Chain(
+            POSTROUTING,
+            (
+                _rule(expr.mark_is_clear(bit), expr.ret()),
+                _rule(expr.mark_clear(bit)),
+                _rule(expr.masquerade()),
+            ),
+        ),
+        Chain(FORWARD, tuple(forward)),
+    )
+
+
+def nodeport_ips(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> tuple[str, ...]:
+    """Node addresses that accept node ports when nodePortAddresses restricts
+    them: the primary IP for "primary", else node IPs inside a listed CIDR.
+    Loopback is never served (as kube-proxy's nftables mode)."""
+    if config.nodeport_matches_all(family):
+        return ()
+    chosen: list[str] = []
+    primary = node.primary_ip(family)
+    if config.nodeport_primary and primary:
+        chosen.append(primary)
+    nets = [ipaddress.ip_network(c, strict=False) for c in config.nodeport_cidrs_of(family)]
+    for ip in node.ips_of(family):
+        addr = ipaddress.ip_address(ip)
+        if any(addr in n for n in nets) and ip not in chosen:
+            chosen.append(ip)
+    return tuple(ip for ip in chosen if not ipaddress.ip_address(ip).is_loopback)
+
+
+def _maps_and_sets(
+    family: IPFamily, config: ProxyConfig, node: NodeInfo, service_cidrs: tuple[str, ...]
+) -> tuple[SetDecl, ...]:
+    addr = addr_type(family)
+    three = (addr, *_PROTO_PORT)
+    return (
+        SetDecl(
+            SERVICE_IPS,
+            three,
+            map="verdict",
+            comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ),
+        SetDecl(SERVICE_NODEPORTS, _PROTO_PORT, map="verdict", comment="NodePort traffic"),
+        SetDecl(
+            NO_ENDPOINT_SERVICES,
+            three,
+            map="verdict",
+            comment="drop or reject services with no endpoints",
+        ),
+        SetDecl(
+            NO_ENDPOINT_NODEPORTS,
+            _PROTO_PORT,
+            map="verdict",
+            comment="drop or reject node ports with no endpoints",
+        ),
+        SetDecl(
+            FIREWALL_IPS,
+            three,
+            map="verdict",
+            comment="destinations subject to loadBalancerSourceRanges",
+        ),
+        SetDecl(CLUSTER_IPS, (addr,), comment="Active ClusterIPs"),
+        SetDecl(
+            NODEPORT_IPS,
+            (addr,),
+            elements=nodeport_ips(family, config, node),
+            comment="IPs that accept NodePort traffic",
+        ),
+        SetDecl(
+            SERVICE_CIDRS,
+            (addr,),
+            flags=("interval",),
+            elements=tuple(expr.prefix(c) for c in service_cidrs),
+            comment="service CIDRs (ServiceCIDR objects)",
+        ),
+    )
+
+
+def render_skeleton(
+    family: IPFamily, config: ProxyConfig, node: NodeInfo, service_cidrs: tuple[str, ...] = ()
+) -> Fragment:
+    """The skeleton of `family`'s table; `service_cidrs` are this family's."""
+    chains = (*_base_chains(), *_dispatch_chains(family, config), *_helper_chains(family, config))
+    return Fragment(family, chains, _maps_and_sets(family, config, node, service_cidrs))

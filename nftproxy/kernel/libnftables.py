@@ -1,0 +1,370 @@
+"""The one seam between nftproxy and nftables: libnftables (the fake is kernel/fake.py).
+
+Layer: nft edge (the only module that talks to libnftables). One job: apply
+one JSON transaction atomically and list what one table holds. Callers: the
+proxier (commit, list_table_objects, delete_tables), `dump` and the tests
+(list_table); `cli.py` builds the real NftBackend, tests build FakeBackend.
+
+NftBackend keeps ONE long-lived libnftables context, owned by a worker thread
+that serves every call over a queue:
+- a context is not thread-safe, so calls must be serialised;
+- libnftables 1.0.6 opens its netlink socket in `nft_ctx_new()`, so the
+  context belongs to the network namespace of the *thread* that created it
+  (docs/nft-python-notes.md §1). With `netns=` the worker enters that
+  namespace first and never leaves it; the rest of the process stays put;
+- long-lived, because freeing a context costs 12-19 ms and a new one must
+  re-fetch its cache (nft-incremental-notes.md "Recommendation" 1);
+- echo stays off (it costs a second per large transaction); JSON output on.
+Full syncs of a large cluster may use `commit(..., fresh=True)`: a temporary
+context on the same worker, freed right after, then `malloc_trim(0)` -- its
+cache holds hundreds of MB (DESIGN.md §5; nft-python-notes.md §2 "Memory").
+
+Listing on 1.0.6 (measured, 10k chains + 20k rules + a 10k-element map):
+`list table` 330-410 ms; `list tables` ~200 ms (it fetches everything);
+JSON `list chains/sets/maps` honour "family" but ignore "table" (we filter),
+except that `list sets` with a missing "table" fails with ENOENT, which is
+how `list_table_objects` detects a missing table; with the *terse* output
+flag, sets and maps come without elements and their listing costs < 1 ms,
+so one batch [sets(table), maps, chains] costs ~30 ms (the chains dominate).
+Several list commands in one batch print one JSON document each.
+
+Known limits:
+- command_index is None for kernel errors (libnftables 1.0.6 names no
+  command); only JSON parse errors carry it (see nft.errors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from nftproxy.core.nft.errors import (
+    NftNotFound,
+    NftUnavailable,
+    rejection,
+)
+from nftproxy.kernel import netns as _netns
+
+__all__ = [
+    "Backend",
+    "BaseChain",
+    "ChainInfo",
+    "MapInfo",
+    "NftBackend",
+    "SetInfo",
+    "TableObjects",
+    "malloc_trim",
+    "tune_malloc",
+]
+
+Json = dict[str, Any]
+T = TypeVar("T")
+
+METAINFO: Json = {"metainfo": {"json_schema_version": 1}}
+FAMILIES = ("ip", "ip6")
+
+
+# --- what a listing shows ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BaseChain:
+    """How a base chain is hooked (priority always an int, as listed)."""
+
+    type: str
+    hook: str
+    prio: int
+    policy: str = "accept"
+
+
+@dataclass(frozen=True, slots=True)
+class ChainInfo:
+    name: str
+    base: BaseChain | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SetInfo:
+    name: str
+    type: tuple[str, ...]
+    flags: tuple[str, ...] = ()
+    timeout: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MapInfo:
+    name: str
+    type: tuple[str, ...]
+    map: str
+
+
+@dataclass(frozen=True, slots=True)
+class TableObjects:
+    """Declarations in one table: what a full sync diffs against. Rules and
+    elements are left out on purpose (a full sync rewrites them)."""
+
+    family: str
+    table: str
+    chains: Mapping[str, ChainInfo]
+    sets: Mapping[str, SetInfo]
+    maps: Mapping[str, MapInfo]
+
+    @classmethod
+    def from_listing(cls, family: str, table: str, objects: Iterable[Json]) -> TableObjects:
+        """Pick this table's chains, sets and maps out of listed objects
+        (listings of a family show every table of it)."""
+        chains: dict[str, ChainInfo] = {}
+        sets: dict[str, SetInfo] = {}
+        maps: dict[str, MapInfo] = {}
+        for item in objects:
+            for kind, obj in item.items():
+                if kind not in ("chain", "set", "map"):
+                    continue
+                if obj.get("family") != family or obj.get("table") != table:
+                    continue
+                name = obj["name"]
+                if kind == "chain":
+                    base = None
+                    if "hook" in obj:
+                        base = BaseChain(
+                            obj["type"], obj["hook"], int(obj["prio"]), obj.get("policy", "accept")
+                        )
+                    chains[name] = ChainInfo(name, base)
+                elif kind == "set":
+                    sets[name] = SetInfo(
+                        name,
+                        _type_tuple(obj["type"]),
+                        tuple(obj.get("flags", ())),
+                        obj.get("timeout"),
+                    )
+                elif kind == "map":
+                    maps[name] = MapInfo(name, _type_tuple(obj["type"]), obj["map"])
+        return cls(family, table, chains, sets, maps)
+
+
+def _type_tuple(value: str | Sequence[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+class Backend(Protocol):
+    """What the proxier needs from nftables. NftBackend and FakeBackend."""
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None: ...
+
+    def run_json(self, command: Mapping[str, Any]) -> Json: ...
+
+    def list_table(self, family: str, table: str) -> Json | None: ...
+
+    def list_table_objects(self, family: str, table: str) -> TableObjects | None: ...
+
+    def delete_tables(self, table: str) -> None: ...
+
+
+# --- glibc malloc -------------------------------------------------------------
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def tune_malloc() -> bool:
+    """Set glibc's malloc thresholds for libnftables' allocation pattern.
+
+    Call once at startup, *before* any context exists: the thresholds only
+    steer later allocations, and the context's cache is what must land in
+    memory glibc can hand back. Measured with 1.0.6 at 10k services
+    (nft-python-notes.md §2 "Memory"): RSS was 997 MB after one full
+    transaction and still 268 MB after malloc_trim(0). Fixing
+    M_MMAP_THRESHOLD at 4 MiB keeps big buffers (the transaction text,
+    output buffers) in mmap, which free() returns at once -- the default
+    threshold grows after the first big free and then keeps them on the heap;
+    M_TRIM_THRESHOLD 256 MiB stops glibc from trimming the heap top on every
+    free between syncs (explicit malloc_trim(0) after full syncs still
+    works). nft-incremental-notes.md "Recommendation" 5; the unit may set the
+    same values with GLIBC_TUNABLES instead. Returns False if this libc has
+    no mallopt or refused a value.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    ok_mmap: bool = mallopt(_M_MMAP_THRESHOLD, 4 * 1024 * 1024) == 1
+    ok_trim: bool = mallopt(_M_TRIM_THRESHOLD, 256 * 1024 * 1024) == 1
+    return ok_mmap and ok_trim
+
+
+def malloc_trim() -> None:
+    """glibc malloc_trim(0): give freed heap memory back to the kernel."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+# --- the real backend ---------------------------------------------------------
+
+
+def _new_context() -> Any:
+    """A libnftables context for the calling thread's netns: JSON out, no echo."""
+    try:
+        import nftables  # Debian python3-nftables (DESIGN.md §5)
+    except ImportError as exc:
+        raise NftUnavailable("python module 'nftables' (python3-nftables) not found") from exc
+    try:
+        ctx = nftables.Nftables()
+    except OSError as exc:
+        raise NftUnavailable(f"libnftables: {exc}") from exc
+    ctx.set_json_output(True)
+    ctx.set_echo_output(False)
+    return ctx
+
+
+def _run(ctx: Any, text: str) -> tuple[int, str, str]:
+    rc, out, err = ctx.cmd(text)
+    return int(rc), str(out), str(err)
+
+
+def _run_fresh(text: str) -> tuple[int, str, str]:
+    ctx = _new_context()
+    result = _run(ctx, text)
+    del ctx  # the last reference: Nftables.__del__ -> nft_ctx_free(), now
+    return result
+
+
+def _run_terse(ctx: Any, text: str) -> tuple[int, str, str]:
+    """Run with the terse flag: sets and maps are listed without elements
+    (and, on 1.0.6, their elements are not even fetched: < 1 ms vs 100 ms
+    for a 10k-element map)."""
+    ctx.set_terse_output(True)
+    try:
+        return _run(ctx, text)
+    finally:
+        ctx.set_terse_output(False)
+
+
+def _documents(out: str) -> Iterator[Json]:
+    """The JSON documents in libnftables output: one per list command."""
+    decoder = json.JSONDecoder()
+    pos, end = 0, len(out)
+    while True:
+        while pos < end and out[pos].isspace():
+            pos += 1
+        if pos >= end:
+            return
+        doc, pos = decoder.raw_decode(out, pos)
+        yield doc
+
+
+def _objects(out: str) -> list[Json]:
+    """All listed objects of all documents, without the metainfo headers."""
+    return [
+        item
+        for doc in _documents(out)
+        for item in doc.get("nftables", ())
+        if "metainfo" not in item
+    ]
+
+
+def dumps(doc: Any) -> str:
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _unavailable(exc: BaseException) -> BaseException:
+    if isinstance(exc, NftUnavailable):
+        return exc
+    return NftUnavailable(f"cannot create a libnftables context: {exc}")
+
+
+class NftBackend(_netns.WorkerOwner[Any]):
+    """libnftables, in the caller's netns or in a named one (`netns=`).
+
+    `start()` creates the context (NftUnavailable if it cannot); every other
+    method may be called from any thread. Use as a context manager or call
+    `close()`.
+    """
+
+    def __init__(self, *, netns: str | None = None) -> None:
+        self._worker = _netns.Worker(netns, _new_context, name="nft", wrap_error=_unavailable)
+
+    def close(self) -> None:
+        """Free the context, stop the worker, give memory back. Idempotent."""
+        super().close()
+        malloc_trim()
+
+    def _call(self, fn: Callable[[Any], T]) -> T:
+        return self._worker.call(fn)
+
+    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
+        """Apply `commands` as ONE atomic transaction (one libnftables call).
+
+        Nothing happens for an empty list. `fresh=True` runs it on a
+        temporary context that is freed afterwards (large full syncs). Raises
+        an NftRejected subclass when libnftables refuses; then nothing was
+        applied.
+        """
+        if not commands:
+            return
+        text = dumps({"nftables": [METAINFO, *commands]})
+        if fresh:
+            rc, _, err = self._call(lambda _ctx: _run_fresh(text))
+            malloc_trim()
+        else:
+            rc, _, err = self._call(lambda ctx: _run(ctx, text))
+        if rc != 0:
+            raise rejection(err.strip(), commands, first_index=1)
+
+    def run_json(self, command: Mapping[str, Any]) -> Json:
+        """Run one JSON command (typically `{"list": {...}}`) and return the
+        parsed output as one `{"nftables": [...]}` document (metainfo first,
+        once, when libnftables printed any)."""
+        text = dumps({"nftables": [command]})
+        rc, out, err = self._call(lambda ctx: _run(ctx, text))
+        if rc != 0:
+            raise rejection(err.strip(), [command])
+        items = [item for doc in _documents(out) for item in doc.get("nftables", ())]
+        head = items[:1] if items and "metainfo" in items[0] else []
+        return {"nftables": head + [item for item in items if "metainfo" not in item]}
+
+    def list_table(self, family: str, table: str) -> Json | None:
+        """`{"nftables": [table, sets/maps, chains, rules]}` as libnftables
+        lists them (metainfo left out), or None if there is no such table."""
+        try:
+            doc = self.run_json({"list": {"table": {"family": family, "name": table}}})
+        except NftNotFound:
+            return None
+        return {"nftables": [item for item in doc["nftables"] if "metainfo" not in item]}
+
+    def list_table_objects(self, family: str, table: str) -> TableObjects | None:
+        """Chain, set and map declarations of one table, or None if there is
+        no such table; one batch of terse list commands, no rule dump."""
+        batch = [
+            {"list": {"sets": {"family": family, "table": table}}},  # ENOENT: no table
+            {"list": {"maps": {"family": family}}},
+            {"list": {"chains": {"family": family}}},
+        ]
+        text = dumps({"nftables": batch})
+        rc, out, err = self._call(lambda ctx: _run_terse(ctx, text))
+        if rc != 0:
+            error = rejection(err.strip(), batch)
+            if isinstance(error, NftNotFound):
+                return None
+            raise error
+        return TableObjects.from_listing(family, table, _objects(out))
+
+    def delete_tables(self, table: str) -> None:
+        """Delete `ip <table>` and `ip6 <table>`, whichever exist, in one
+        transaction; nothing else. `add` before `delete` makes it idempotent
+        (1.0.6 has no `destroy`; nft-python-notes.md §2)."""
+        commands: list[Json] = []
+        for family in FAMILIES:
+            ref = {"family": family, "name": table}
+            commands += [{"add": {"table": ref}}, {"delete": {"table": dict(ref)}}]
+        self.commit(commands)

@@ -1,0 +1,448 @@
+"""Health: /healthz and /livez, and one health server per eTP=Local service.
+
+Layer: edge (HTTP servers; imports model only). One job: answer the
+questions load balancers and the kubelet ask, with kube-proxy's meaning
+(upstream-nftables-notes.md §3.3, §3.4). Caller: agent.py, which tells
+`ProxyHealth` when a change is queued and when a sync succeeded, and hands
+`ServiceHealthServers.sync()` the health-check node ports and local endpoint
+counts after each sync.
+
+- `ProxyHealth`: the state. Unhealthy once a queued change has waited longer
+  than `timeout` (2 x syncPeriod) without a successful sync. /healthz also
+  needs this node to be eligible: its Node object known, not being deleted,
+  not tainted ToBeDeletedByClusterAutoscaler.
+- `HealthServer`: serves /healthz and /livez (200 or 503, JSON body with
+  lastUpdated/currentTime, nodeEligible on /healthz; any other path 404).
+- `ServiceHealthServers`: one server per service with
+  externalTrafficPolicy=Local on its healthCheckNodePort; any path answers
+  200 when the node has a local ready endpoint and the proxy is healthy,
+  else 503, with `X-Load-Balancing-Endpoint-Weight: <local endpoints>`.
+
+Known limits: service health servers listen on every address (dual-stack
+"::", or 0.0.0.0 without IPv6), not only on nodePortAddresses as kube-proxy
+does. A port that cannot be bound is warned about (and reported through
+`on_bind_error`, for an Event) once per service and port, then retried
+silently on every sync -- kube-proxy warns on every sync. Each server has
+one thread blocked in select() (no polling) plus a thread per request.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, cast
+
+from nftproxy.core.model import NamespacedName, NodeInfo
+
+__all__ = [
+    "HealthServer",
+    "HealthStatus",
+    "ProxyHealth",
+    "ServiceHealthServers",
+    "parse_address",
+]
+
+Response = tuple[int, Mapping[str, str], bytes]
+App = Callable[[str], Response]
+BindErrorCallback = Callable[[NamespacedName, int, OSError], None]
+
+
+# ---- state ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HealthStatus:
+    """One reading of ProxyHealth; times are epoch seconds."""
+
+    healthy: bool
+    node_eligible: bool
+    last_updated: float
+    current_time: float
+
+
+class ProxyHealth:
+    """kube-proxy's ProxyHealthServer state, without the server.
+
+    `queued()` when a change is recorded (keeps the oldest pending one),
+    `updated()` after each successful sync (and once when the loop starts),
+    `set_node()` when this node's Node object changes. `clock` gives the
+    epoch seconds shown in bodies, `monotonic` measures how long a change
+    has waited (a wall-clock step must not flip health).
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.timeout = timeout
+        self.clock = clock
+        self.monotonic = monotonic
+        self._lock = threading.Lock()
+        self._last_updated = 0.0
+        self._oldest_queued: float | None = None
+        self._node: NodeInfo | None = None
+
+    def queued(self) -> None:
+        with self._lock:
+            if self._oldest_queued is None:
+                self._oldest_queued = self.monotonic()
+
+    def updated(self) -> None:
+        with self._lock:
+            self._oldest_queued = None
+            self._last_updated = self.clock()
+
+    def set_node(self, node: NodeInfo | None) -> None:
+        with self._lock:
+            self._node = node
+
+    def is_healthy(self) -> bool:
+        """No change has waited longer than `timeout` (the /livez answer)."""
+        with self._lock:
+            return self._healthy_locked()
+
+    def _healthy_locked(self) -> bool:
+        oldest = self._oldest_queued
+        return oldest is None or self.monotonic() - oldest <= self.timeout
+
+    def status(self) -> HealthStatus:
+        with self._lock:
+            now = self.clock()
+            healthy = self._healthy_locked()
+            node = self._node
+            eligible = node is not None and not node.deleting and not node.to_be_deleted
+            # kube-proxy reports "now" as lastUpdated while healthy (old clients
+            # compare the two).
+            last = now if healthy else self._last_updated
+            return HealthStatus(healthy, eligible, last, now)
+
+
+def _timestamp(epoch: float) -> str:
+    """RFC 3339 in UTC, as Go marshals a time.Time."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+_JSON_HEADERS = {"Content-Type": "application/json", "X-Content-Type-Options": "nosniff"}
+
+
+def _json(code: int, body: Mapping[str, Any], **headers: str) -> Response:
+    data = json.dumps(body).encode() + b"\n"
+    return code, {**_JSON_HEADERS, **headers}, data
+
+
+def livez_response(status: HealthStatus) -> Response:
+    body = {
+        "lastUpdated": _timestamp(status.last_updated),
+        "currentTime": _timestamp(status.current_time),
+        "healthy": status.healthy,
+    }
+    return _json(200 if status.healthy else 503, body)
+
+
+def healthz_response(status: HealthStatus) -> Response:
+    ok = status.healthy and status.node_eligible
+    body = {
+        "lastUpdated": _timestamp(status.last_updated),
+        "currentTime": _timestamp(status.current_time),
+        "nodeEligible": status.node_eligible,
+        "healthy": status.healthy,
+    }
+    return _json(200 if ok else 503, body)
+
+
+# ---- HTTP plumbing ------------------------------------------------------------------
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """'0.0.0.0:10256' -> ('0.0.0.0', 10256); '[::]:10256' -> ('::', 10256);
+    ':10256' -> ('', 10256) (every address). ValueError otherwise."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"invalid address {text!r} (want IP:PORT)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    app: App
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints tracebacks to stderr; a client that hangs up
+        # early is not worth more than a debug line.
+        logging.getLogger(__name__).debug("health request failed", exc_info=True)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+    dual_stack = False
+
+    def server_bind(self) -> None:
+        if self.dual_stack:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+class _DualStackServer(_Server6):
+    dual_stack = True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "nftproxy"
+
+    def do_GET(self) -> None:
+        self._respond(body=True)
+
+    def do_HEAD(self) -> None:
+        self._respond(body=False)
+
+    def _respond(self, *, body: bool) -> None:
+        app = cast(_Server, self.server).app
+        code, headers, data = app(self.path.partition("?")[0])
+        self.send_response(code)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per probe would drown the sync logs
+
+
+def _bind(host: str, port: int, app: App) -> _Server:
+    """A bound, listening server; OSError if the address is taken or invalid."""
+    server: _Server
+    if host == "":
+        try:
+            server = _DualStackServer(("::", port), _Handler)
+        except OSError as exc:
+            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise
+            server = _Server(("0.0.0.0", port), _Handler)
+    elif ":" in host:
+        server = _Server6((host, port), _Handler)
+    else:
+        server = _Server((host, port), _Handler)
+    server.app = app
+    server.timeout = 0  # handle_request() is only called when a client waits
+    return server
+
+
+class _Serving:
+    """One server, served by one thread blocked in select() until stop()."""
+
+    def __init__(self, server: _Server, name: str) -> None:
+        self.server = server
+        self.name = name
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        self._wake = socket.socketpair()
+        self._thread = threading.Thread(
+            target=self._loop, args=(self._wake[0],), name=self.name, daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self, wake: socket.socket) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.server, selectors.EVENT_READ)
+            selector.register(wake, selectors.EVENT_READ)
+            while True:
+                for key, _ in selector.select():
+                    if key.fileobj is wake:
+                        return
+                    self.server.handle_request()
+
+    def stop(self) -> None:
+        if self._wake is not None and self._thread is not None:
+            self._wake[1].send(b"x")
+            self._thread.join()
+            for sock in self._wake:
+                sock.close()
+            self._wake = None
+        self.server.server_close()
+
+
+# ---- /healthz and /livez ------------------------------------------------------------
+
+
+class HealthServer:
+    """/healthz and /livez for `health` on `address` ('IP:PORT', port 0 =
+    ephemeral). `on_response(endpoint, code)` counts answers (metrics)."""
+
+    def __init__(
+        self,
+        health: ProxyHealth,
+        address: str,
+        *,
+        on_response: Callable[[str, int], None] | None = None,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.health = health
+        self.bind_address = address
+        self.on_response = on_response
+        self.log = log or logging.getLogger(__name__)
+        self._serving: _Serving | None = None
+
+    def start(self) -> None:
+        """Bind and serve; raises OSError (or ValueError for a bad address)."""
+        host, port = parse_address(self.bind_address)
+        self._serving = _Serving(_bind(host, port, self._app), "healthz")
+        self._serving.start()
+        self.log.info("serving /healthz and /livez", extra={"address": self.bind_address})
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); only after start()."""
+        if self._serving is None:
+            raise RuntimeError("HealthServer not started")
+        return self._serving.address
+
+    def stop(self) -> None:
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
+
+    def _app(self, path: str) -> Response:
+        status = self.health.status()
+        if path == "/healthz":
+            endpoint, response = "healthz", healthz_response(status)
+        elif path == "/livez":
+            endpoint, response = "livez", livez_response(status)
+        else:
+            return 404, {"Content-Type": "text/plain"}, b"404 page not found\n"
+        if self.on_response is not None:
+            self.on_response(endpoint, response[0])
+        return response
+
+
+# ---- healthCheckNodePort servers ---------------------------------------------------
+
+
+@dataclass
+class _Instance:
+    port: int
+    serving: _Serving
+
+
+class ServiceHealthServers:
+    """One HTTP server per service on its healthCheckNodePort.
+
+    `proxy_healthy` is ProxyHealth.is_healthy (sync freshness only, as
+    upstream). `host` "" listens on every address. `on_bind_error(service,
+    port, error)` is called once per failing (service, port), e.g. to
+    record a FailedToStartServiceHealthcheck Event.
+    """
+
+    def __init__(
+        self,
+        *,
+        proxy_healthy: Callable[[], bool],
+        host: str = "",
+        on_bind_error: BindErrorCallback | None = None,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.proxy_healthy = proxy_healthy
+        self.host = host
+        self.on_bind_error = on_bind_error
+        self.log = log or logging.getLogger(__name__)
+        self._lock = threading.Lock()  # guards _local against request threads
+        self._local: dict[NamespacedName, int] = {}
+        self._instances: dict[NamespacedName, _Instance] = {}
+        self._failed: dict[NamespacedName, int] = {}
+
+    def sync(
+        self,
+        ports: Mapping[NamespacedName, int],
+        local_endpoints: Mapping[NamespacedName, int],
+    ) -> None:
+        """Serve exactly `ports`; answer with `local_endpoints` (absent = 0)."""
+        with self._lock:
+            self._local = dict(local_endpoints)
+        for service, instance in list(self._instances.items()):
+            if ports.get(service) != instance.port:
+                self.log.info(
+                    "closing service health server",
+                    extra={"service": str(service), "port": instance.port},
+                )
+                instance.serving.stop()
+                del self._instances[service]
+        for service in list(self._failed):
+            if ports.get(service) != self._failed[service]:
+                del self._failed[service]
+        for service, port in sorted(ports.items()):
+            if service not in self._instances:
+                self._open(service, port)
+
+    def _open(self, service: NamespacedName, port: int) -> None:
+        try:
+            server = _bind(self.host, port, self._app_for(service))
+        except OSError as exc:
+            if self._failed.get(service) != port:
+                self._failed[service] = port
+                self.log.warning(
+                    "cannot start the service health server",
+                    extra={"service": str(service), "port": port, "error": str(exc)},
+                )
+                self._report(service, port, exc)
+            return
+        self._failed.pop(service, None)
+        serving = _Serving(server, f"health-{service}")
+        serving.start()
+        self._instances[service] = _Instance(port, serving)
+        self.log.info("serving service health", extra={"service": str(service), "port": port})
+
+    def _report(self, service: NamespacedName, port: int, exc: OSError) -> None:
+        if self.on_bind_error is None:
+            return
+        try:
+            self.on_bind_error(service, port, exc)
+        except Exception:  # an event recorder must not break syncing
+            self.log.exception("reporting a health server bind failure failed")
+
+    def _app_for(self, service: NamespacedName) -> App:
+        def app(path: str) -> Response:
+            with self._lock:
+                count = self._local.get(service, 0)
+            healthy = self.proxy_healthy()
+            body = {
+                "service": {"namespace": service.namespace, "name": service.name},
+                "localEndpoints": count,
+                "serviceProxyHealthy": healthy,
+            }
+            code = 200 if count > 0 and healthy else 503
+            return _json(code, body, **{"X-Load-Balancing-Endpoint-Weight": str(count)})
+
+        return app
+
+    def serving(self) -> dict[NamespacedName, tuple[str, int]]:
+        """The bound address of every running server."""
+        return {svc: inst.serving.address for svc, inst in self._instances.items()}
+
+    def stop(self) -> None:
+        """Close every server (the agent's shutdown)."""
+        for instance in self._instances.values():
+            instance.serving.stop()
+        self._instances.clear()
+        self._failed.clear()

@@ -1,0 +1,368 @@
+"""Prometheus metrics with kube-proxy's names, and the /metrics endpoint.
+
+Layer: edge (prometheus_client and an HTTP server; imports tracker for the
+UpdateResult type only). One job: turn what a sync reports into metrics --
+the core never touches a metric (style.md trap 4). Caller: agent.py, which
+calls `record_sync(report)` after each successful commit, `record_failure()`
+after a refused one, `record_queued()` on every recorded change, and
+`serve(address)` at start-up.
+
+Names (upstream-nftables-notes.md §3.2), namespace `kubeproxy`:
+sync_proxy_rules_duration_seconds, sync_full_proxy_rules_duration_seconds,
+sync_partial_proxy_rules_duration_seconds (buckets 1 ms x 2^i, 15),
+sync_proxy_rules_last_timestamp_seconds,
+sync_proxy_rules_last_queued_timestamp_seconds,
+network_programming_duration_seconds,
+sync_proxy_rules_{service,endpoint}_changes_{pending,total},
+sync_proxy_rules_no_local_endpoints_total{traffic_policy},
+sync_proxy_rules_nftables_sync_failures_total, proxy_healthz_total{code},
+proxy_livez_total{code}, conntrack_reconciler_sync_duration_seconds,
+conntrack_reconciler_deleted_entries_total. nftproxy's own, namespace
+`nftproxy`: sync_transaction_ops (histogram), sync_render_duration_seconds,
+sync_commit_duration_seconds, programmed_{chains,rules,sets,elements}
+{ip_family}, sync_skipped_total.
+
+Dual-stack: both families sync in one transaction, so there is no
+ip_family label on kube-proxy's names. A dual-stack Service is one change in
+each family's tracker: service change counts take the larger family's,
+endpoint (per-slice, hence per-family) counts are summed, and the
+no-local-endpoints gauges sum the service ports of both families.
+
+Counters also export prometheus_client's `<name>_created` samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol, cast
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from nftproxy.core.tracker import UpdateResult
+
+__all__ = ["Metrics", "SyncSummary"]
+
+_KUBEPROXY = "kubeproxy"
+_NFTPROXY = "nftproxy"
+
+SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+"""kube-proxy's sync duration buckets: ExponentialBuckets(0.001, 2, 15)."""
+
+NETWORK_PROGRAMMING_BUCKETS = (
+    0.25, 0.5,
+    *range(1, 60),  # 1 s .. 59 s
+    *range(60, 120, 5),  # 60 s .. 115 s
+    *range(120, 301, 30),  # 2 min .. 5 min
+)
+"""kube-proxy's network_programming_duration_seconds buckets."""
+
+OPS_BUCKETS = (0, 1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+
+
+class FamilyReport(Protocol):
+    @property
+    def update(self) -> UpdateResult: ...
+
+    @property
+    def no_local_internal(self) -> int: ...
+
+    @property
+    def no_local_external(self) -> int: ...
+
+
+class SyncSummary(Protocol):
+    """What record_sync reads of a proxier.SyncReport."""
+
+    @property
+    def full(self) -> bool: ...
+
+    @property
+    def ops(self) -> int: ...
+
+    @property
+    def families(self) -> Sequence[FamilyReport]: ...
+
+    @property
+    def render_seconds(self) -> float: ...
+
+    @property
+    def commit_seconds(self) -> float: ...
+
+    @property
+    def total_seconds(self) -> float: ...
+
+    @property
+    def skipped(self) -> str: ...
+
+
+class Metrics:
+    """Every metric of nftproxy, registered in `registry` (a fresh one when
+    None: never the process-wide default). `clock` gives epoch seconds."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.clock = clock
+        self.log = log or logging.getLogger(__name__)
+        self.start_time = -math.inf
+        self._serving: _Serving | None = None
+        r = self.registry
+
+        def histogram(name: str, doc: str, buckets: Sequence[float], ns: str) -> Histogram:
+            return Histogram(name, doc, namespace=ns, registry=r, buckets=buckets)
+
+        kp = _KUBEPROXY
+        self.sync_duration = histogram(
+            "sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds",
+            SYNC_BUCKETS, kp)
+        self.sync_full_duration = histogram(
+            "sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs", SYNC_BUCKETS, kp)
+        self.sync_partial_duration = histogram(
+            "sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs", SYNC_BUCKETS, kp)
+        self.last_sync = Gauge(
+            "sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced", namespace=kp, registry=r)
+        self.last_queued = Gauge(
+            "sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued", namespace=kp, registry=r)
+        self.network_programming = histogram(
+            "network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            NETWORK_PROGRAMMING_BUCKETS, kp)
+        self.service_changes_pending = Gauge(
+            "sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes",
+            namespace=kp, registry=r)
+        self.service_changes = Counter(
+            "sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes",
+            namespace=kp, registry=r)
+        self.endpoint_changes_pending = Gauge(
+            "sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes",
+            namespace=kp, registry=r)
+        self.endpoint_changes = Counter(
+            "sync_proxy_rules_endpoint_changes_total", "Cumulative proxy rules Endpoint changes",
+            namespace=kp, registry=r)
+        self.no_local_endpoints = Gauge(
+            "sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            ["traffic_policy"], namespace=kp, registry=r)
+        self.sync_failures = Counter(
+            "sync_proxy_rules_nftables_sync_failures_total",
+            "Cumulative proxy nftables sync failures", namespace=kp, registry=r)
+        self.healthz = Counter(
+            "proxy_healthz_total", "Cumulative proxy healthz HTTP status",
+            ["code"], namespace=kp, registry=r)
+        self.livez = Counter(
+            "proxy_livez_total", "Cumulative proxy livez HTTP status",
+            ["code"], namespace=kp, registry=r)
+        self.conntrack_duration = histogram(
+            "conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds", SYNC_BUCKETS, kp)
+        self.conntrack_deleted = Counter(
+            "conntrack_reconciler_deleted_entries_total",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            namespace=kp, registry=r)
+
+        nf = _NFTPROXY
+        self.ops = histogram(
+            "sync_transaction_ops", "nftables commands sent per successful sync",
+            OPS_BUCKETS, nf)
+        self.render_duration = histogram(
+            "sync_render_duration_seconds", "Time spent rendering and planning per sync",
+            SYNC_BUCKETS, nf)
+        self.commit_duration = histogram(
+            "sync_commit_duration_seconds", "Time spent committing the transaction per sync",
+            SYNC_BUCKETS, nf)
+        self.programmed = {
+            kind: Gauge(
+                f"programmed_{kind}", f"{kind.capitalize()} in nftproxy's table, as last committed",
+                ["ip_family"], namespace=nf, registry=r)
+            for kind in ("chains", "rules", "sets", "elements")
+        }
+        self.skipped = Counter(
+            "sync_skipped_total", "Syncs skipped (initial lists not complete yet)",
+            namespace=nf, registry=r)
+
+    # ---- recording ------------------------------------------------------------
+
+    def mark_started(self) -> None:
+        """Trigger times before this moment are not observed: they measure
+        how long this agent was not running, not programming latency."""
+        self.start_time = self.clock()
+
+    def record_queued(self) -> None:
+        self.last_queued.set(self.clock())
+
+    def record_sync(self, report: SyncSummary) -> None:
+        """A successful sync (or a skipped one, only counted)."""
+        if report.skipped:
+            self.skipped.inc()
+            return
+        now = self.clock()
+        self.sync_duration.observe(report.total_seconds)
+        (self.sync_full_duration if report.full else self.sync_partial_duration).observe(
+            report.total_seconds
+        )
+        self.render_duration.observe(report.render_seconds)
+        self.commit_duration.observe(report.commit_seconds)
+        self.ops.observe(report.ops)
+        self.last_sync.set(now)
+        families = report.families
+        self.service_changes.inc(max((f.update.service_changes for f in families), default=0))
+        self.endpoint_changes.inc(sum(f.update.endpoint_changes for f in families))
+        self.no_local_endpoints.labels("internal").set(sum(f.no_local_internal for f in families))
+        self.no_local_endpoints.labels("external").set(sum(f.no_local_external for f in families))
+        for f in families:
+            for times in f.update.trigger_times.values():
+                for t in times:
+                    if t >= self.start_time:
+                        self.network_programming.observe(max(0.0, now - t))
+
+    def record_failure(self) -> None:
+        self.sync_failures.inc()
+
+    def record_pending(self, *, services: int, endpoints: int) -> None:
+        self.service_changes_pending.set(services)
+        self.endpoint_changes_pending.set(endpoints)
+
+    def pending_from(self, fn: Callable[[], tuple[int, int]]) -> None:
+        """Read (services, endpoints) pending from `fn` at every scrape
+        instead of record_pending (no cost per event)."""
+        self.service_changes_pending.set_function(lambda: fn()[0])
+        self.endpoint_changes_pending.set_function(lambda: fn()[1])
+
+    def record_table(
+        self, family: str, *, chains: int, rules: int, sets: int, elements: int
+    ) -> None:
+        """What one family's table holds after a commit (`family` IPv4/IPv6)."""
+        counts = {"chains": chains, "rules": rules, "sets": sets, "elements": elements}
+        for kind, value in counts.items():
+            self.programmed[kind].labels(family).set(value)
+
+    def record_response(self, endpoint: str, code: int) -> None:
+        """A /healthz or /livez answer (HealthServer's on_response)."""
+        counter = self.healthz if endpoint == "healthz" else self.livez
+        counter.labels(str(code)).inc()
+
+    def record_conntrack(self, seconds: float, *, deleted: int) -> None:
+        self.conntrack_duration.observe(seconds)
+        if deleted:
+            self.conntrack_deleted.inc(deleted)
+
+    # ---- serving --------------------------------------------------------------
+
+    def serve(self, address: str) -> None:
+        """Serve /metrics on 'IP:PORT' (port 0: ephemeral) in a thread;
+        OSError if it cannot bind."""
+        host, port = _parse_address(address)
+        cls = _MetricsServer6 if ":" in host else _MetricsServer
+        server = cls((host or "0.0.0.0", port), _Handler)
+        server.registry = self.registry
+        server.timeout = 0
+        self._serving = _Serving(server)
+        self._serving.start()
+        self.log.info("serving /metrics", extra={"address": address})
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self._serving is None:
+            raise RuntimeError("metrics are not being served")
+        host, port = self._serving.server.server_address[:2]
+        return str(host), int(port)
+
+    def stop(self) -> None:
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
+
+
+# ---- the HTTP endpoint (kept apart from health.py: sibling edges share nothing) ----
+
+
+def _parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"invalid address {text!r} (want IP:PORT)")
+    return host.strip("[]"), int(port)
+
+
+class _MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True
+    registry: CollectorRegistry
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        logging.getLogger(__name__).debug("metrics request failed", exc_info=True)
+
+
+class _MetricsServer6(_MetricsServer):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "nftproxy"
+
+    def do_GET(self) -> None:
+        if self.path.partition("?")[0] != "/metrics":
+            self._send(404, "text/plain", b"404 page not found\n")
+            return
+        registry = cast(_MetricsServer, self.server).registry
+        self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+
+    def _send(self, code: int, content_type: str, data: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Serving:
+    """One server, one thread blocked in select() until stop() (no polling)."""
+
+    def __init__(self, server: _MetricsServer) -> None:
+        self.server = server
+        self._wake = socket.socketpair()
+        self._thread = threading.Thread(target=self._loop, name="metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.server, selectors.EVENT_READ)
+            selector.register(self._wake[0], selectors.EVENT_READ)
+            while True:
+                for key, _ in selector.select():
+                    if key.fileobj is self._wake[0]:
+                        return
+                    self.server.handle_request()
+
+    def stop(self) -> None:
+        self._wake[1].send(b"x")
+        self._thread.join()
+        self.server.server_close()
+        for sock in self._wake:
+            sock.close()

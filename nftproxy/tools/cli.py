@@ -1,0 +1,610 @@
+"""The `nftproxy` command line: run | sync --once | dump | cleanup | demo.
+
+Layer: cli (top; the one place that builds real edges). One job: parse
+flags, load the configuration (flags override the KubeProxyConfiguration
+file), set up logging, and hand a ProxyConfig to one `_cmd_<name>(args,
+config) -> int` per subcommand. Exit codes: 0 ok, 1 failure (including "needs
+root"), 2 usage or configuration error.
+
+Node name: --node-name, else the file's hostnameOverride, else $NODE_NAME.
+Commands that talk to the API server fall back to the hostname; file sources
+instead use the single Node object in the files when no name was given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nftproxy.agent.agent import Agent, ConntrackEdge, Source, SourceFactory, WatchedFiles
+from nftproxy.agent.proxier import Backend, Proxier
+from nftproxy.cluster.events import ClusterEvents, Obj
+from nftproxy.cluster.file import FileSource, SourceError
+from nftproxy.core.config import PRIMARY, DetectLocalMode, ProxyConfig
+from nftproxy.core.convert import node_info, service_cidrs, service_ports, slice_info
+from nftproxy.core.model import Endpoint, IPFamily, NamespacedName, ServicePort, ServicePortName
+from nftproxy.core.nft.errors import NftError
+from nftproxy.kernel.libnftables import NftBackend, malloc_trim, tune_malloc
+from nftproxy.kernel.sysctl import HostFS
+from nftproxy.serving.health import BindErrorCallback
+from nftproxy.tools.config_load import ConfigError, build_config, load_config_file, parse_duration
+from nftproxy.tools.dump import parse_table, render_text
+from nftproxy.tools.log import setup_logging
+
+__all__ = ["build_parser", "main"]
+
+_Command = Callable[[argparse.Namespace, ProxyConfig], int]
+_log = logging.getLogger("nftproxy.tools.cli")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `nftproxy` and `python -m nftproxy`; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command: _Command | None = getattr(args, "handler", None)
+    if command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    handler = setup_logging(args.verbose)
+    try:
+        try:
+            config = _load_config(args)
+        except ConfigError as exc:
+            print(f"nftproxy: config: {exc}", file=sys.stderr)
+            return 2
+        return command(args, config)
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+# -- parser ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_flags()
+    parser = argparse.ArgumentParser(
+        prog="nftproxy",
+        description="Kubernetes service proxy for nft-native nodes: kube-proxy's KUBE-* "
+        "semantics, programmed with nftables in one atomic transaction per sync.",
+    )
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run", parents=[common], help="run the proxy agent (watch the cluster, keep rules in sync)"
+    )
+    run.add_argument("--kubeconfig", metavar="FILE",
+                     help="kubeconfig to use (default: in-cluster config, then ~/.kube/config)")
+    run.add_argument("--source", metavar="FILE", action="append",
+                     help="read Services/EndpointSlices/Node from FILE instead of the API "
+                     "server; repeatable; edits are picked up")
+    run.set_defaults(handler=_cmd_run)
+
+    sync = sub.add_parser("sync", parents=[common], help="program the rules once from files")
+    sync.add_argument("--once", action="store_true",
+                      help="sync once and exit (required for now)")
+    sync.add_argument("--source", metavar="FILE", action="append", required=True,
+                      help="YAML/JSON manifests (e.g. kubectl get svc,endpointslices -A -o yaml); "
+                      "repeatable")
+    sync.add_argument("--dry-run", action="store_true",
+                      help="print what would be programmed; touch nothing")
+    sync.set_defaults(handler=_cmd_sync)
+
+    dump = sub.add_parser("dump", parents=[common],
+                          help="show the programmed table per service port")
+    dump.add_argument("--json", action="store_true", help="print JSON instead of text")
+    dump.add_argument("--service", metavar="NS/NAME", help="only this service")
+    dump.set_defaults(handler=_cmd_dump)
+
+    cleanup = sub.add_parser("cleanup", parents=[common],
+                             help="delete nftproxy's tables and exit")
+    cleanup.set_defaults(handler=_cmd_cleanup)
+
+    demo = sub.add_parser("demo", parents=[common],
+                          help="run on the embedded sample cluster in network namespaces")
+    demo.add_argument("--once", action="store_true", help="sync and check once, then exit")
+    demo.add_argument("--source", metavar="FILE",
+                      help="cluster file to use and watch (default: a temporary copy of the "
+                      "embedded sample)")
+    demo.set_defaults(handler=_cmd_demo)
+    return parser
+
+
+def _common_flags() -> argparse.ArgumentParser:
+    """Flags every subcommand takes; None means "not given" (the file or default applies)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("configuration (flags override --config)")
+    g.add_argument("--config", metavar="FILE", help="KubeProxyConfiguration YAML file")
+    g.add_argument("--node-name", metavar="NAME",
+                   help="this node's name (default: $NODE_NAME, then the hostname; "
+                   "with --source, the only Node in the files)")
+    g.add_argument("--node-ip", metavar="IP", action="append",
+                   help="this node's primary IP; repeat once per family")
+    g.add_argument("--cluster-cidr", metavar="CIDRS",
+                   help="pod CIDRs, comma-separated (one per family)")
+    modes = [m.value for m in DetectLocalMode]
+    g.add_argument("--detect-local-mode", choices=modes, metavar="MODE",
+                   help=f"how pod traffic is told apart: {', '.join(modes)} "
+                   "(default ClusterCIDR)")
+    g.add_argument("--pod-bridge-interface", metavar="IFACE",
+                   help="pods' bridge, for --detect-local-mode BridgeInterface")
+    g.add_argument("--pod-interface-name-prefix", metavar="PREFIX",
+                   help="pods' interface prefix, for --detect-local-mode InterfaceNamePrefix")
+    g.add_argument("--nodeport-addresses", metavar="CIDRS",
+                   help=f"CIDRs serving node ports, comma-separated, or {PRIMARY!r} "
+                   "(default: every local address)")
+    g.add_argument("--masquerade-all", action="store_true", default=None,
+                   help="masquerade all traffic sent to service IPs")
+    g.add_argument("--masquerade-bit", metavar="N", type=int,
+                   help="packet mark bit for masquerading, 0..31 (default 14)")
+    g.add_argument("--table-name", metavar="NAME",
+                   help="nftables table name, in families ip and ip6 (default nftproxy)")
+    g.add_argument("--healthz-bind-address", metavar="IP:PORT",
+                   help="health server address (default 0.0.0.0:10256; empty disables)")
+    g.add_argument("--metrics-bind-address", metavar="IP:PORT",
+                   help="metrics server address (default 127.0.0.1:10249; empty disables)")
+    g.add_argument("--sync-period", metavar="DURATION",
+                   help="longest time between syncs, e.g. 30s (default)")
+    g.add_argument("--min-sync-period", metavar="DURATION",
+                   help="shortest time between syncs, e.g. 1s (default)")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more log detail (-v debug, -vv trace)")
+    return p
+
+
+# -- configuration --------------------------------------------------------------------
+
+
+def _load_config(args: argparse.Namespace) -> ProxyConfig:
+    file_overrides: dict[str, Any] = {}
+    if args.config:
+        file_overrides, warnings = load_config_file(args.config)
+        for warning in warnings:
+            _log.warning("%s: %s", args.config, warning)
+    config = build_config(file_overrides, _flag_overrides(args))
+    env_name = os.environ.get("NODE_NAME", "").strip().lower()
+    if not config.node_name and env_name:
+        config = replace(config, node_name=env_name)
+    return config
+
+
+def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "node_name": args.node_name,
+        "node_ips": args.node_ip,
+        "cluster_cidrs": args.cluster_cidr,
+        "detect_local_mode": args.detect_local_mode,
+        "bridge_interface": args.pod_bridge_interface,
+        "interface_name_prefix": args.pod_interface_name_prefix,
+        "nodeport_addresses": args.nodeport_addresses,
+        "masquerade_all": args.masquerade_all,
+        "masquerade_bit": args.masquerade_bit,
+        "table_name": args.table_name,
+        "healthz_bind_address": args.healthz_bind_address,
+        "metrics_bind_address": args.metrics_bind_address,
+        "sync_period": _duration_flag("--sync-period", args.sync_period),
+        "min_sync_period": _duration_flag("--min-sync-period", args.min_sync_period),
+    }
+
+
+def _duration_flag(flag: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def _with_hostname(config: ProxyConfig) -> ProxyConfig:
+    """The node name for API-server commands: as configured, else the hostname."""
+    if config.node_name:
+        return config
+    return replace(config, node_name=socket.gethostname().lower())
+
+
+def _needs_root(command: str) -> int | None:
+    """1 (after saying why) unless running as root; None when root."""
+    if os.geteuid() == 0:
+        return None
+    print(f"nftproxy: {command}: needs root (CAP_NET_ADMIN) to program nftables",
+          file=sys.stderr)
+    return 1
+
+
+def _not_implemented(command: str) -> int:
+    print(f"nftproxy: {command}: not implemented yet", file=sys.stderr)
+    return 2
+
+
+# -- subcommands ----------------------------------------------------------------------
+
+
+def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
+    """Run the agent until SIGTERM/SIGINT; the rules stay in place after."""
+    if (rc := _needs_root("run")) is not None:
+        return rc
+    on_bind_error: BindErrorCallback | None = None
+    try:
+        if args.source:
+            config = _node_from_files(args.source, config)
+            source_factory = _file_source(args.source, config.node_name)
+        else:
+            config = _with_hostname(config)
+            source_factory, on_bind_error = _kube_source(args.kubeconfig, config.node_name)
+    except (SourceError, _StartError) as exc:
+        print(f"nftproxy: run: {exc}", file=sys.stderr)
+        return 1
+    tune_malloc()  # before the backend creates its libnftables context
+    agent = Agent(
+        config,
+        backend=NftBackend(),
+        source_factory=source_factory,
+        sysctl_fs=HostFS(),
+        conntrack=_conntrack(),
+        on_bind_error=on_bind_error,
+        trim_memory=malloc_trim,
+    )
+    stop = threading.Event()
+    def on_signal(*_: object) -> None:
+        # Not stop.set() here: the handler may run while this thread holds
+        # the Event's lock inside stop.wait(), and the lock is not reentrant.
+        threading.Thread(target=stop.set, name="run-stop", daemon=True).start()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        agent.run(stop)
+    except (SourceError, NftError, OSError) as exc:
+        print(f"nftproxy: run: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+class _StartError(Exception):
+    """`run` cannot start (no API client, kube source unavailable)."""
+
+
+def _node_from_files(paths: Sequence[str], config: ProxyConfig) -> ProxyConfig:
+    """With no node name given, the only Node in the files (the trackers
+    need the name before the first endpoint arrives)."""
+    if config.node_name:
+        return config
+    probe = FileSource(paths, _Recorder(), node_name="")
+    probe.load()
+    return replace(config, node_name=probe.chosen_node_name)
+
+
+def _file_source(paths: Sequence[str], node_name: str) -> SourceFactory:
+    def source_factory(handler: ClusterEvents) -> Source:
+        return WatchedFiles(FileSource(paths, handler, node_name=node_name))
+
+    return source_factory
+
+
+def _kube_source(kubeconfig: str | None, node_name: str) -> tuple[SourceFactory, BindErrorCallback]:
+    try:  # imported lazily: the kubernetes client costs ~0.5 s to import
+        from nftproxy.cluster.kube import KubeSource, from_config
+        from nftproxy.cluster.kube_events import EventRecorder
+    except ImportError as exc:
+        raise _StartError(f"the API server source is unavailable ({exc}); "
+                          "use --source FILE") from None
+    try:
+        api_client = from_config(kubeconfig)
+    except Exception as exc:  # the client's ConfigException and I/O errors
+        raise _StartError(f"no API server configuration: {exc}") from None
+    recorder = EventRecorder(api_client, host=node_name)
+
+    def source_factory(handler: ClusterEvents) -> Source:
+        return KubeSource(api_client, handler, node_name=node_name)
+
+    def on_bind_error(service: NamespacedName, port: int, error: OSError) -> None:
+        message = (f"node {node_name} failed to start healthcheck \"{service}\" "
+                   f"on port {port}: {error}")
+        threading.Thread(  # the recorder calls the API synchronously: not in the sync
+            target=recorder.record, name="event", daemon=True,
+            kwargs={"namespace": service.namespace, "name": service.name,
+                    "reason": "FailedToStartServiceHealthcheck", "message": message},
+        ).start()
+
+    return source_factory, on_bind_error
+
+
+def _conntrack() -> ConntrackEdge | None:
+    try:
+        from nftproxy.kernel.conntrack import Conntrack
+    except ImportError as exc:
+        _log.warning("conntrack cleanup unavailable: %s", exc)
+        return None
+    return Conntrack()
+
+
+def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
+    if not args.once:
+        print("nftproxy: sync: --once is required (`nftproxy run` keeps syncing)",
+              file=sys.stderr)
+        return 2
+    if args.dry_run:
+        if _dry_run(args.source, config, out=sys.stderr) != 0:
+            return 1
+        return _print_transaction(args.source, config, out=sys.stdout)
+    if (root := _needs_root("sync")) is not None:
+        return root
+    with NftBackend() as backend:
+        try:
+            proxier = _proxier_from_files(args.source, config, backend)
+            report = proxier.sync()
+        except (SourceError, NftError) as exc:
+            print(f"nftproxy: sync: {exc}", file=sys.stderr)
+            return 1
+    print(f"synced: {'full' if report.full else 'partial'}, {report.ops} commands, "
+          f"{report.total_seconds * 1000:.1f} ms", file=sys.stderr)
+    return 0
+
+
+def _cmd_dump(args: argparse.Namespace, config: ProxyConfig) -> int:
+    if (rc := _needs_root("dump")) is not None:
+        return rc
+    views = []
+    with NftBackend() as backend:
+        for family in ("ip", "ip6"):
+            doc = backend.list_table(family, config.table_name)
+            if doc is not None:
+                views.append(parse_table(doc, family=family, table=config.table_name,
+                                         service=args.service))
+    if not views:
+        print(f"nftproxy: dump: no table named {config.table_name!r} (ip or ip6): "
+              "nftproxy has not programmed this node", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([v.to_json() for v in views], indent=2))
+    else:
+        print("\n".join(render_text(v) for v in views))
+    return 0
+
+
+def _cmd_cleanup(args: argparse.Namespace, config: ProxyConfig) -> int:
+    if (rc := _needs_root("cleanup")) is not None:
+        return rc
+    with NftBackend() as backend:
+        backend.delete_tables(config.table_name)
+    print(f"deleted tables ip/ip6 {config.table_name} (if present)", file=sys.stderr)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace, config: ProxyConfig) -> int:
+    """The sandboxed demo (nftproxy.tools.demo) until Ctrl-C/SIGTERM, or once.
+    The node is --node-name, else the source file's only Node ($NODE_NAME
+    and hostnameOverride name the host, not the sample's node). The agent's
+    logs are shown from WARNING up unless -v."""
+    if (rc := _needs_root("demo")) is not None:
+        return rc
+    from nftproxy.tools.demo import run_demo  # the sandbox is only needed here
+
+    if args.node_name is None:
+        config = replace(config, node_name="")
+    stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        # set() from another thread: the handler runs in the main thread,
+        # which may hold stop's lock at that moment (inside stop.wait)
+        threading.Thread(target=stop.set, name="demo-stop", daemon=True).start()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    logger = logging.getLogger("nftproxy")
+    level = logger.level
+    if not args.verbose:
+        logger.setLevel(logging.WARNING)
+    try:
+        return run_demo(config, source=args.source, once=args.once, stop=stop)
+    finally:
+        logger.setLevel(level)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# -- sync --dry-run: the model summary -------------------------------------------------
+
+
+@dataclass
+class _Recorder:
+    """A ClusterEvents handler that keeps the latest objects."""
+
+    services: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    slices: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    node: Obj | None = None
+    cidrs: tuple[Obj, ...] = ()
+    synced: set[str] = field(default_factory=set)
+
+    def on_service(self, previous: Obj | None, current: Obj | None) -> None:
+        _record(self.services, previous, current)
+
+    def on_endpoint_slice(self, previous: Obj | None, current: Obj | None) -> None:
+        _record(self.slices, previous, current)
+
+    def on_node(self, node: Obj | None) -> None:
+        self.node = node
+
+    def on_service_cidrs(self, cidrs: Sequence[Obj]) -> None:
+        self.cidrs = tuple(cidrs)
+
+    def on_synced(self, kind: str) -> None:
+        self.synced.add(kind)
+
+    def replay(self, target: ClusterEvents) -> None:
+        """Deliver what was recorded to another handler, as a fresh source would."""
+        if self.node is not None:
+            target.on_node(self.node)
+        target.on_service_cidrs(self.cidrs)
+        for svc in self.services.values():
+            target.on_service(None, svc)
+        for eps in self.slices.values():
+            target.on_endpoint_slice(None, eps)
+        for kind in sorted(self.synced):
+            target.on_synced(kind)
+
+
+def _record(store: dict[tuple[str, str], Obj], previous: Obj | None, current: Obj | None) -> None:
+    obj = current if current is not None else previous
+    if obj is None:
+        return
+    meta = obj.get("metadata") or {}
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    if current is None:
+        store.pop(key, None)
+    else:
+        store[key] = current
+
+
+def _dry_run(paths: Sequence[str], config: ProxyConfig, *, out: Any) -> int:
+    recorder = _Recorder()
+    source = FileSource(paths, recorder, node_name=config.node_name)
+    try:
+        source.load()
+    except SourceError as exc:
+        print(f"nftproxy: sync: {exc}", file=sys.stderr)
+        return 1
+    node_name = source.chosen_node_name or config.node_name
+    problems: list[Any] = []
+    lines = [f"dry run: {len(recorder.services)} services, {len(recorder.slices)} "
+             f"endpoint slices from {', '.join(paths)}; nothing was programmed"]
+    lines += _node_lines(recorder, node_name, problems)
+    endpoints = _endpoints_by_port(recorder, node_name, problems)
+    rows: list[tuple[str, ...]] = [_HEADER]
+    for (_ns, _name), svc in sorted(recorder.services.items()):
+        for family in IPFamily:
+            ports, found = service_ports(svc, family)
+            problems += found
+            for spn, sp in sorted(ports.items()):
+                rows.append(_row(sp, endpoints.get((spn, family), set())))
+    lines += _table(rows)
+    for problem in problems:
+        _log.warning("%s", problem)
+    print("\n".join(lines), file=out)
+    return 0
+
+
+def _proxier_from_files(paths: Sequence[str], config: ProxyConfig, backend: Backend) -> Proxier:
+    """A Proxier fed once from the files. The node name must be known before
+    the trackers see endpoints (is_local), so the files are read first."""
+    recorder = _Recorder()
+    source = FileSource(paths, recorder, node_name=config.node_name)
+    source.load()
+    if not config.node_name and source.chosen_node_name:
+        config = replace(config, node_name=source.chosen_node_name)
+    proxier = Proxier(config, backend)
+    recorder.replay(proxier)
+    return proxier
+
+
+def _print_transaction(paths: Sequence[str], config: ProxyConfig, *, out: Any) -> int:
+    proxier = _proxier_from_files(paths, config, _NoKernel())
+    for command in proxier.plan_full():
+        print(json.dumps(command, separators=(",", ":")), file=out)
+    return 0
+
+
+class _NoKernel:
+    """A backend for dry runs: planning never reaches it."""
+
+    def commit(self, commands: Sequence[Mapping[str, object]], *, fresh: bool = False) -> None:
+        raise RuntimeError("dry run must not commit")
+
+    def list_table_objects(self, family: str, table: str) -> None:
+        return None
+
+
+def _node_lines(recorder: _Recorder, node_name: str, problems: list[Any]) -> list[str]:
+    lines = []
+    info = None
+    if recorder.node is not None:
+        info, found = node_info(recorder.node)
+        problems += found
+    if info is None:
+        lines.append(f"node {node_name or '?'}: no Node object (every endpoint counts as remote)")
+    else:
+        ips = ", ".join([*info.ipv4, *info.ipv6]) or "no addresses"
+        zone = f"; zone {info.zone}" if info.zone else ""
+        pods = f"; podCIDRs {', '.join(info.pod_cidrs)}" if info.pod_cidrs else ""
+        lines.append(f"node {info.name}: {ips}{zone}{pods}")
+    cidrs: list[str] = []
+    for obj in recorder.cidrs:
+        found_cidrs, found = service_cidrs(obj)
+        cidrs += found_cidrs
+        problems += found
+    if cidrs:
+        lines.append(f"service CIDRs: {', '.join(cidrs)}")
+    return lines
+
+
+def _endpoints_by_port(
+    recorder: _Recorder, node_name: str, problems: list[Any]
+) -> dict[tuple[ServicePortName, IPFamily], set[Endpoint]]:
+    result: dict[tuple[ServicePortName, IPFamily], set[Endpoint]] = {}
+    for _key, obj in sorted(recorder.slices.items()):
+        info, found = slice_info(obj, node_name)
+        problems += found
+        if info is None:
+            continue
+        for spn, eps in info.ports.items():
+            result.setdefault((spn, info.family), set()).update(eps)
+    return result
+
+
+_HEADER = ("SERVICE PORT", "FAMILY", "CLUSTER IP", "PORT", "EXTERNAL", "POLICY", "ENDPOINTS")
+
+
+def _row(sp: ServicePort, endpoints: set[Endpoint]) -> tuple[str, ...]:
+    external = []
+    if sp.node_port:
+        external.append(f"nodePort {sp.node_port}")
+    external += [f"externalIP {ip}" for ip in sp.external_ips]
+    external += [f"LB {ip}" for ip in sp.load_balancer_vips]
+    if sp.load_balancer_source_ranges:
+        external.append(f"from {','.join(sp.load_balancer_source_ranges)}")
+    policy = []
+    if sp.externally_accessible:
+        policy.append(f"eTP={sp.external_traffic_policy.value}")
+    policy.append(f"iTP={sp.internal_traffic_policy.value}")
+    if sp.affinity:
+        policy.append(f"affinity=ClientIP/{sp.affinity_timeout}s")
+    if sp.health_check_node_port:
+        policy.append(f"healthCheck={sp.health_check_node_port}")
+    return (
+        str(sp.name),
+        sp.family.value,
+        sp.cluster_ip,
+        f"{sp.port}/{sp.protocol.value}",
+        " ".join(external) or "-",
+        " ".join(policy),
+        _endpoint_summary(endpoints),
+    )
+
+
+def _endpoint_summary(endpoints: set[Endpoint]) -> str:
+    if not endpoints:
+        return "0 (rejects)"
+    ready = sum(e.ready for e in endpoints)
+    terminating = sum(e.serving and e.terminating and not e.ready for e in endpoints)
+    local = sum(e.is_local for e in endpoints)
+    detail = [f"{ready} ready"]
+    if terminating:
+        detail.append(f"{terminating} serving-terminating")
+    detail.append(f"{local} local")
+    return f"{len(endpoints)} ({', '.join(detail)})"
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]

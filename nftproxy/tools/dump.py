@@ -1,0 +1,275 @@
+"""`nftproxy dump`: the live table, per service port, for humans and machines.
+
+Layer: dump (pure over the JSON of `nft -j list table`; the CLI reads the
+table through the backend). One job: answer "where does a packet for this
+service go?" from what is actually programmed -- VIPs, node port, policies,
+affinity, source ranges, each endpoint with its KUBE-SEP chain and the
+probability the numgen cascade gives it, and rule counters where present.
+It needs no nftproxy process: everything is recovered from the table
+(element comments name the service port; chain names are recomputed hashes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from nftproxy.core.model import L4Protocol, ServicePortName
+from nftproxy.core.rules import names
+from nftproxy.core.rules import skeleton as sk
+
+__all__ = ["EndpointView", "ServiceView", "TableView", "parse_table", "render_text"]
+
+
+@dataclass
+class EndpointView:
+    address: str
+    chain: str
+    probability: float
+    local_chain: bool = False
+    packets: int | None = None
+
+
+@dataclass
+class ServiceView:
+    service: str
+    protocol: str
+    family: str
+    vips: list[str] = field(default_factory=list)
+    node_port: int | None = None
+    no_endpoints: list[str] = field(default_factory=list)
+    source_ranges: list[str] = field(default_factory=list)
+    affinity_timeout: int | None = None
+    policies: dict[str, str] = field(default_factory=dict)
+    chains: list[str] = field(default_factory=list)
+    endpoints: list[EndpointView] = field(default_factory=list)
+    local_endpoints: list[EndpointView] = field(default_factory=list)
+
+
+@dataclass
+class TableView:
+    family: str
+    table: str
+    services: list[ServiceView]
+    chains: int
+    rules: int
+    elements: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Parsed:
+    chains: dict[str, list[Mapping[str, Any]]] = field(default_factory=dict)
+    sets: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def _objects(doc: Mapping[str, Any]) -> _Parsed:
+    parsed = _Parsed()
+    for item in doc.get("nftables", ()):
+        if "chain" in item:
+            parsed.chains.setdefault(item["chain"]["name"], [])
+        elif "rule" in item:
+            parsed.chains.setdefault(item["rule"]["chain"], []).append(item["rule"])
+        elif "map" in item or "set" in item:
+            obj = item.get("map") or item["set"]
+            parsed.sets[obj["name"]] = obj
+    return parsed
+
+
+def _elem_parts(elem: Any) -> tuple[Any, str | None, Any]:
+    """(key, comment, verdict) of one listed element."""
+    verdict = None
+    if isinstance(elem, list) and len(elem) == 2:
+        elem, verdict = elem
+    comment = None
+    if isinstance(elem, dict) and "elem" in elem:
+        comment = elem["elem"].get("comment")
+        elem = elem["elem"]["val"]
+    key = elem["concat"] if isinstance(elem, dict) and "concat" in elem else [elem]
+    return key, comment, verdict
+
+
+def _spn(comment: str, protocol: str) -> ServicePortName | None:
+    ns, _, rest = comment.partition("/")
+    name, _, port = rest.partition(":")
+    try:
+        return ServicePortName(ns, name, port, L4Protocol(protocol.upper()))
+    except ValueError:
+        return None
+
+
+def _target(verdict: Any) -> str:
+    if isinstance(verdict, dict):
+        for kind, body in verdict.items():
+            return f"{kind} {body['target']}" if isinstance(body, dict) else kind
+    return str(verdict)
+
+
+def _cascade(rules: Sequence[Mapping[str, Any]], parsed: _Parsed) -> list[EndpointView]:
+    """Endpoints of a KUBE-SVC/SVL chain with the probability the cascade
+    gives each (affinity rules are skipped: they only repeat a past choice)."""
+    out: list[EndpointView] = []
+    remaining = 1.0
+    for rule in rules:
+        exprs = rule.get("expr", [])
+        target = next((e["goto"]["target"] for e in exprs if "goto" in e), None)
+        if not target or not target.startswith("KUBE-SEP-"):
+            continue
+        if any(
+            "match" in e
+            and isinstance(e["match"]["right"], str)
+            and e["match"]["right"].startswith("@")
+            for e in exprs
+        ):
+            continue
+        mod = next(
+            (
+                e["match"]["left"]["numgen"]["mod"]
+                for e in exprs
+                if "match" in e
+                and isinstance(e["match"]["left"], dict)
+                and "numgen" in e["match"]["left"]
+            ),
+            1,
+        )
+        share = remaining / mod
+        remaining -= share
+        out.append(
+            EndpointView(
+                _dnat_address(parsed.chains.get(target, [])),
+                target,
+                round(share, 4),
+                packets=_counter(rule),
+            )
+        )
+    return out
+
+
+def _dnat_address(rules: Iterable[Mapping[str, Any]]) -> str:
+    for rule in rules:
+        for e in rule.get("expr", []):
+            if "dnat" in e:
+                addr, port = e["dnat"].get("addr"), e["dnat"].get("port")
+                return f"[{addr}]:{port}" if ":" in str(addr) else f"{addr}:{port}"
+    return "?"
+
+
+def _counter(rule: Mapping[str, Any]) -> int | None:
+    for e in rule.get("expr", []):
+        if "counter" in e and isinstance(e["counter"], dict):
+            return int(e["counter"].get("packets", 0))
+    return None
+
+
+def _collect(parsed: _Parsed, family: str) -> dict[tuple[str, str], ServiceView]:
+    views: dict[tuple[str, str], ServiceView] = {}
+    for set_name in (
+        sk.SERVICE_IPS,
+        sk.SERVICE_NODEPORTS,
+        sk.NO_ENDPOINT_SERVICES,
+        sk.NO_ENDPOINT_NODEPORTS,
+        sk.FIREWALL_IPS,
+    ):
+        for elem in parsed.sets.get(set_name, {}).get("elem", []):
+            key, comment, verdict = _elem_parts(elem)
+            if not comment:
+                continue
+            proto = key[1] if len(key) == 3 else key[0]
+            view = views.setdefault((comment, proto), ServiceView(comment, proto, family))
+            where = f"{key[0]}:{key[2]}" if len(key) == 3 else f"nodePort {key[1]}"
+            if set_name == sk.SERVICE_IPS:
+                view.vips.append(where)
+                if _target(verdict).startswith("goto KUBE-SVL-"):
+                    view.policies["internalTrafficPolicy"] = "Local"
+            elif set_name == sk.SERVICE_NODEPORTS:
+                view.node_port = int(key[1])
+            elif set_name == sk.FIREWALL_IPS:
+                view.policies["firewall"] = _target(verdict)
+            else:
+                view.no_endpoints.append(f"{where} -> {_target(verdict)}")
+    return views
+
+
+def _fill(view: ServiceView, parsed: _Parsed) -> None:
+    spn = _spn(view.service, view.protocol)
+    if spn is None:
+        return
+    view.chains = [
+        c
+        for c in (
+            names.service_chain(spn),
+            names.local_chain(spn),
+            names.external_chain(spn),
+            names.firewall_chain(spn),
+        )
+        if c in parsed.chains
+    ]
+    view.endpoints = _cascade(parsed.chains.get(names.service_chain(spn), []), parsed)
+    view.local_endpoints = _cascade(parsed.chains.get(names.local_chain(spn), []), parsed)
+    view.chains += sorted({e.chain for e in (*view.endpoints, *view.local_endpoints)})
+    ranges = parsed.sets.get(names.firewall_set(spn), {}).get("elem", [])
+    view.source_ranges = [_range_text(r) for r in ranges]
+    ext = parsed.chains.get(names.external_chain(spn))
+    if ext is not None:
+        local = any("fib" in str(r.get("expr")) for r in ext)
+        view.policies["externalTrafficPolicy"] = "Local" if local else "Cluster"
+    for ep in (*view.endpoints, *view.local_endpoints):
+        aff = parsed.sets.get(ep.chain + "-affinity")
+        if aff is not None:
+            view.affinity_timeout = int(aff.get("timeout", 0))
+
+
+def _range_text(r: Any) -> str:
+    if isinstance(r, dict) and "prefix" in r:
+        return f"{r['prefix']['addr']}/{r['prefix']['len']}"
+    if isinstance(r, dict) and "range" in r:
+        return "-".join(str(x) for x in r["range"])
+    return str(r)
+
+
+def parse_table(
+    doc: Mapping[str, Any], *, family: str, table: str, service: str | None = None
+) -> TableView:
+    """Per-service view of one listed table (`service`: "ns/name" filter)."""
+    parsed = _objects(doc)
+    views = _collect(parsed, family)
+    selected = [
+        v for (c, _), v in sorted(views.items()) if service is None or c.split(":")[0] == service
+    ]
+    for view in selected:
+        _fill(view, parsed)
+    n_rules = sum(len(r) for r in parsed.chains.values())
+    n_elems = sum(len(s.get("elem", [])) for s in parsed.sets.values())
+    return TableView(family, table, selected, len(parsed.chains), n_rules, n_elems)
+
+
+def render_text(view: TableView) -> str:
+    lines = [
+        f"table {view.family} {view.table}: {view.chains} chains, {view.rules} rules, "
+        f"{view.elements} set/map elements"
+    ]
+    for s in view.services:
+        lines.append(f"  {s.service} ({s.protocol})")
+        if s.vips:
+            lines.append(f"    VIPs:        {', '.join(s.vips)}")
+        if s.node_port:
+            lines.append(f"    nodePort:    {s.node_port}")
+        for k, v in s.policies.items():
+            lines.append(f"    {k}: {v}")
+        if s.affinity_timeout:
+            lines.append(f"    sessionAffinity: ClientIP, timeout {s.affinity_timeout}s")
+        if s.source_ranges:
+            lines.append(f"    sourceRanges: {', '.join(s.source_ranges)}")
+        for n in s.no_endpoints:
+            lines.append(f"    no endpoints: {n}")
+        for label, eps in (("endpoints", s.endpoints), ("local endpoints", s.local_endpoints)):
+            if eps:
+                lines.append(f"    {label}:")
+            for ep in eps:
+                pk = f"  packets={ep.packets}" if ep.packets is not None else ""
+                lines.append(f"      {ep.address:<28} {ep.probability:>7.2%}  {ep.chain}{pk}")
+        lines.append(f"    chains: {', '.join(s.chains)}")
+    return "\n".join(lines)
