@@ -320,12 +320,34 @@ def bench_config(**kw: Any) -> Any:
     return ProxyConfig(**{**defaults, **kw})
 
 
+class FedProxier:
+    """A Proxier with the agent's Intake in front, as the agent wires it: raw
+    objects in (on_service(prev, cur), ...), everything else the Proxier's.
+    `set_change_callback` sets what the Proxier's on_change calls (a runner's
+    kick)."""
+
+    def __init__(self, config: Any, backend: Any, hooks: Sequence[Callable[..., None]]) -> None:
+        from nftproxy.agent.intake import Intake
+        from nftproxy.agent.proxier import Proxier
+
+        self._changed: Callable[[], None] = lambda: None
+        self.proxier = Proxier(
+            config, backend, hooks=list(hooks), on_change=lambda: self._changed()
+        )
+        self.events = Intake(self.proxier, node_name=config.node_name, report=lambda _: None)
+
+    def set_change_callback(self, fn: Callable[[], None]) -> None:
+        self._changed = fn
+
+    def __getattr__(self, name: str) -> Any:
+        target = self.events if name.startswith("on_") else self.proxier
+        return getattr(target, name)
+
+
 def make_proxier(
     backend: Any, config: Any = None, hooks: Sequence[Callable[..., None]] = ()
 ) -> Any:
-    from nftproxy.agent.proxier import Proxier
-
-    proxier = Proxier(config or bench_config(), backend, hooks=list(hooks))
+    proxier = FedProxier(config or bench_config(), backend, hooks)
     proxier.on_node(node_obj())
     return proxier
 

@@ -257,8 +257,8 @@ def _fwset_skeleton(fragment: Any) -> Any:
 
 @contextlib.contextmanager
 def patched(*, inline: str | None, fwset: bool) -> Iterator[None]:
-    """Patch the proxier's renderers (in this process) with the levers."""
-    import nftproxy.agent.proxier as px
+    """Patch the render step's renderers (in this process) with the levers."""
+    import nftproxy.core.render as px
 
     orig_port, orig_skel = px.render_service_port, px.render_skeleton
     exact = inline == "exact"

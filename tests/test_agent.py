@@ -24,9 +24,10 @@ import pytest
 import yaml
 from k8s import endpoint_slice, node, service
 
-from nftproxy.agent.agent import Agent, WatchedFiles
+from nftproxy.agent.agent import Agent
+from nftproxy.agent.intake import InvalidField
 from nftproxy.cluster.events import ClusterEvents
-from nftproxy.cluster.file import FileSource
+from nftproxy.cluster.file import FileSource, WatchedFiles
 from nftproxy.core.config import ConntrackConfig, ProxyConfig
 from nftproxy.core.nft.errors import NftRejected
 from nftproxy.kernel.fake import FakeBackend
@@ -234,6 +235,38 @@ def test_a_refused_commit_is_counted_and_retried(
         assert backend.refused == 1
         assert "ns/web" in listing(backend)
         assert any(r.getMessage().startswith("sync failed") for r in caplog.records)
+    finally:
+        agent.stop()
+
+
+def test_a_service_whose_only_port_is_invalid_is_reported_and_the_rest_programmed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="nftproxy.agent.agent")
+    path = tmp_path / "cluster.yaml"
+    write_cluster(path, [
+        node(NODE, ["192.168.50.1"]),
+        service("bad", "10.96.0.66", ports=[("http", 70000, "TCP")]),
+        service("web", "10.96.0.10"),
+        endpoint_slice("web", [("10.244.0.11", NODE)]),
+    ])
+    backend = FakeBackend()
+    reported: list[InvalidField] = []
+    agent = make_agent(path, backend, on_invalid_field=reported.append)
+    agent.start()
+    try:
+        assert agent.synced.wait(5)
+        warnings = [r.getMessage() for r in caplog.records if "invalid field" in r.getMessage()]
+        assert warnings == [
+            "skipped invalid field: Service ns/bad: spec.ports[0].port: "
+            "70000 is out of range 1..65535"
+        ]
+        assert [str(r) for r in reported] == [warnings[0].removeprefix("skipped invalid field: ")]
+        count = agent.metrics.registry.get_sample_value(
+            "nftproxy_invalid_fields_total", {"kind": "Service"})
+        assert count == 1
+        assert "10.96.0.10" in listing(backend)
+        assert "10.96.0.66" not in listing(backend)
     finally:
         agent.stop()
 

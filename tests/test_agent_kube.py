@@ -18,6 +18,7 @@ from typing import Any
 import kernel
 import pytest
 from fakeapi import FakeApiServer
+from feed import intake
 from k8s import endpoint_slice, node, service
 
 from nftproxy.agent.agent import Agent, Source
@@ -47,14 +48,15 @@ def _expected(api: FakeApiServer) -> dict[str, Any]:
     backend = FakeBackend()
     backend.start()
     proxier = Proxier(CONFIG, backend)
+    events = intake(proxier)
     for obj in api.objects("Node").values():
-        proxier.on_node(obj)
+        events.on_node(obj)
     for obj in api.objects("Service").values():
-        proxier.on_service(None, obj)
+        events.on_service(None, obj)
     for obj in api.objects("EndpointSlice").values():
-        proxier.on_endpoint_slice(None, obj)
-    proxier.on_synced(KIND_SERVICES)
-    proxier.on_synced(KIND_ENDPOINT_SLICES)
+        events.on_endpoint_slice(None, obj)
+    events.on_synced(KIND_SERVICES)
+    events.on_synced(KIND_ENDPOINT_SLICES)
     proxier.sync()
     return _listing(backend)
 

@@ -1,4 +1,4 @@
-"""nft.backend and nft.errors: the real libnftables edge and its fake.
+"""kernel.libnftables, kernel.fake and nft.errors: the Backend seam, real and fake.
 
 Aspects:
 - errors: libnftables' text maps to the type the caller acts on; parse
@@ -9,7 +9,10 @@ Aspects:
   touched; delete_tables is idempotent; the context is bound to the netns,
   not the host; fresh contexts; concurrent callers;
 - FakeBackend: kernel refusals, atomicity, and the same outcome and the same
-  listing as the kernel for one scenario of commits, failing ones included.
+  listing as the kernel for one scenario of commits, failing ones included:
+  every refusal the planner relies on (ENOENT, EEXIST, EBUSY, EOPNOTSUPP,
+  EMLINK) and when a set is "dynamic" (created in one batch with a rule that
+  updates it), so that re-adding it is refused.
 """
 
 from __future__ import annotations
@@ -30,18 +33,12 @@ from nftproxy.core.nft.errors import (
     NftUnavailable,
     rejection,
 )
+from nftproxy.core.nft.listing import ListedSet, TableListing
+from nftproxy.core.nft.seam import Backend
+from nftproxy.core.rules.fragment import BaseHook
 from nftproxy.kernel import netns as netns_lib
 from nftproxy.kernel.fake import FakeBackend
-from nftproxy.kernel.libnftables import (
-    Backend,
-    BaseChain,
-    ChainInfo,
-    MapInfo,
-    NftBackend,
-    SetInfo,
-    TableObjects,
-    tune_malloc,
-)
+from nftproxy.kernel.libnftables import NftBackend, tune_malloc
 
 Json = dict[str, Any]
 
@@ -180,20 +177,18 @@ def expected_listing(table: str) -> list[Json]:
     ]
 
 
-def expected_objects(table: str) -> TableObjects:
-    return TableObjects(
-        family="ip",
-        table=table,
+def expected_objects(table: str) -> TableListing:
+    return TableListing(
         chains={
-            "nat-prerouting": ChainInfo("nat-prerouting", BaseChain("nat", "prerouting", -100)),
-            "svc-a": ChainInfo("svc-a"),
-            "ep-1": ChainInfo("ep-1"),
+            "nat-prerouting": BaseHook("nat", "prerouting", -100),
+            "svc-a": None,
+            "ep-1": None,
         },
-        sets={"aff": SetInfo("aff", ("ipv4_addr",), ("timeout",), 10800)},
-        maps={
-            "service-ips": MapInfo(
+        sets={
+            "aff": ListedSet("aff", ("ipv4_addr",), None, ("timeout",), 10800),
+            "service-ips": ListedSet(
                 "service-ips", ("ipv4_addr", "inet_proto", "inet_service"), "verdict"
-            )
+            ),
         },
     )
 
@@ -476,6 +471,66 @@ def test_fake_refuses_what_it_does_not_model(fake: FakeBackend) -> None:
 # --- FakeBackend and the kernel agree ----------------------------------------
 
 E = "eq"
+
+
+def _rule_in(chain: str) -> list[Json]:
+    return [add_rule(E, chain, {"accept": None})]
+
+
+def add_set(name: str, *, timeout: int | None = 60) -> Json:
+    """An affinity set as the renderer declares it (plain JSON: no "dynamic")."""
+    spec = {**_t(E), "name": name, "type": "ipv4_addr", "flags": ["timeout"]}
+    if timeout is not None:
+        spec["timeout"] = timeout
+    return {"add": {"set": spec}}
+
+
+def updating(name: str, op: str = "update") -> Json:
+    """A rule in chain "users" that records the source address in `name`."""
+    return add_rule(E, "users", {"set": {"op": op, "set": f"@{name}", "elem": SADDR}})
+
+
+DYNAMIC_SETS: list[tuple[str, list[Json]]] = [
+    # libnftables 1.0.6 evaluates a batch as a whole: a set the batch creates
+    # and a rule of it updates is created "dynamic"; plain JSON cannot say so.
+    (
+        "a set created in one batch with its update rule",
+        [add_set("dyn"), add_chain(E, "users"), updating("dyn")],
+    ),
+    ("re-adding that (dynamic) set is refused", [add_set("dyn")]),
+    (
+        "a full sync that re-adds it is refused",
+        [verb("flush", "chain", E, "users"), add_set("dyn"), updating("dyn")],
+    ),
+    ("a dynamic set can be flushed", [verb("flush", "set", E, "dyn")]),
+    ("a set created before its update rule", [add_set("late")]),
+    ("... gets its update rule later", [updating("late", "add")]),
+    ("... stays plain: re-adding it is fine", [add_set("late")]),
+    ("... with another timeout, which it takes", [add_set("late", timeout=90)]),
+    ("... or with none, which clears it", [add_set("late", timeout=None)]),
+    (
+        "one batch may not create, update and re-add a set",
+        [add_set("once"), updating("once", "add"), add_set("once")],
+    ),
+    ("... nor re-add it before the update", [add_set("once"), add_set("once"), updating("once")]),
+    (
+        "a rule flushed in the batch still made the set dynamic",
+        [add_set("gone"), updating("gone"), verb("flush", "chain", E, "users"), updating("late")],
+    ),
+    ("... so re-adding it is refused", [add_set("gone")]),
+    (
+        "delete and re-add with its rule: dynamic again",
+        [
+            verb("flush", "chain", E, "users"),
+            verb("delete", "set", E, "dyn"),
+            add_set("dyn", timeout=90),
+            updating("dyn"),
+        ],
+    ),
+    ("... and refused again", [add_set("dyn", timeout=90)]),
+    ("a set in use by an update rule is busy", [verb("delete", "set", E, "dyn")]),
+]
+
 SCENARIO: list[tuple[str, list[Json]]] = [
     ("build the small table", small_table(E)),
     ("re-adding identical objects is a no-op", small_table(E)[1:]),
@@ -526,6 +581,19 @@ SCENARIO: list[tuple[str, list[Json]]] = [
         [add_chain(E, "nat-prerouting", **{**PREROUTING, "policy": "drop"})],
     ),
     ("a set held by a rule is busy", [verb("delete", "set", E, "aff")]),
+    ("a chain with rules is deleted with them", [add_chain(E, "full"), *_rule_in("full")]),
+    ("... also in one batch", [verb("delete", "chain", E, "full")]),
+    (
+        "... when created in the same batch",
+        [add_chain(E, "x"), *_rule_in("x"), verb("delete", "chain", E, "x")],
+    ),
+    ("a rule in a missing chain", _rule_in("missing")),
+    (
+        "an element into a missing map",
+        [element("add", E, "nope", [vip("10.9.9.9", 1), goto("ep-1")])],
+    ),
+    ("a flush of a missing map", [verb("flush", "map", E, "nope")]),
+    *DYNAMIC_SETS,
     (
         "idempotent delete of an absent chain",
         [

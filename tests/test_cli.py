@@ -1,8 +1,9 @@
 """The `nftproxy` command line.
 
-Aspects: help for every subcommand; `sync --once --dry-run` prints the model
-of the sample cluster without root; configuration errors exit 2 with one line
-naming the field or flag; kernel commands refuse to run without root.
+Aspects: help for every subcommand; `sync --dry-run` prints the model of the
+sample cluster without root; `sync` needs no --once but still accepts it;
+configuration errors exit 2 with one line naming the field or flag; kernel
+commands refuse to run without root.
 """
 
 from __future__ import annotations
@@ -91,9 +92,17 @@ def test_sync_dry_run_with_another_node_name_sees_no_local_endpoints(
     assert "1 local" in web  # 10.244.1.13 runs on other-node
 
 
-def test_sync_needs_once(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["sync", "--dry-run", "--source", str(EXAMPLE)]) == 2
-    assert "--once is required" in capsys.readouterr().err
+def test_sync_syncs_once_without_the_once_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sync", "--dry-run", "--source", str(EXAMPLE)]) == 0
+    assert "\ndry run: 6 services" in "\n" + capsys.readouterr().err
+
+
+def test_once_is_still_accepted_but_no_longer_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(dry_run()) == 0  # dry_run() passes --once, as old scripts do
+    with pytest.raises(SystemExit):
+        cli.main(["sync", "--help"])
+    out = capsys.readouterr().out
+    assert "--once" not in out and "for now" not in out
 
 
 def test_sync_with_a_broken_source_fails_with_one_line(

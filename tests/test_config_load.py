@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from nftproxy.core.config import ConntrackConfig, DetectLocalMode, ProxyConfig
-from nftproxy.tools.config_load import ConfigError, build_config, load_config_file, parse_duration
+from nftproxy.tools.config_load import build_config, load_config_file
+from nftproxy.tools.config_values import ConfigError, parse_duration
 
 HEADER = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
 

@@ -23,23 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from feed import intake
 from k8s import endpoint_slice, node, service
 
-from nftproxy.agent.proxier import Proxier, SyncReport
+from nftproxy.agent.proxier import Proxier
+from nftproxy.agent.report import SyncReport
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.conntrack import CleanupResult, Flow, FlowFilter, Query, plan
 from nftproxy.core.model import IPFamily, L4Protocol
-from nftproxy.kernel.conntrack import (
-    CleanupResult,
-    Conntrack,
-    FakeConntrack,
-    Flow,
-    FlowFilter,
-    Query,
-    conntrack_hook,
-    plan,
-)
+from nftproxy.kernel.conntrack import Conntrack, conntrack_hook
 from nftproxy.kernel.fake import FakeBackend
+from nftproxy.kernel.fake_conntrack import FakeConntrack
 
 V4, V6 = IPFamily.IPV4, IPFamily.IPV6
 UDP, TCP, SCTP = L4Protocol.UDP, L4Protocol.TCP, L4Protocol.SCTP
@@ -87,9 +82,9 @@ def _objs_kind(obj: Obj) -> str:
 
 def _feed(proxier: Proxier, kind: str, previous: Obj | None, current: Obj | None) -> None:
     if kind == "svc":
-        proxier.on_service(previous, current)
+        intake(proxier).on_service(previous, current)
     else:
-        proxier.on_endpoint_slice(previous, current)
+        intake(proxier).on_endpoint_slice(previous, current)
 
 
 def started_proxier(objects: Sequence[Obj]) -> tuple[Proxier, list[SyncReport]]:
@@ -98,11 +93,11 @@ def started_proxier(objects: Sequence[Obj]) -> tuple[Proxier, list[SyncReport]]:
     backend = FakeBackend()
     backend.start()
     proxier = Proxier(CONFIG, backend, hooks=[reports.append])
-    proxier.on_node(node(NODE, ["192.168.50.1", "fd00:50::1"]))
+    intake(proxier).on_node(node(NODE, ["192.168.50.1", "fd00:50::1"]))
     for obj in objects:
         _feed(proxier, _objs_kind(obj), None, obj)
-    proxier.on_synced(KIND_SERVICES)
-    proxier.on_synced(KIND_ENDPOINT_SLICES)
+    intake(proxier).on_synced(KIND_SERVICES)
+    intake(proxier).on_synced(KIND_ENDPOINT_SLICES)
     proxier.sync()
     return proxier, reports
 
@@ -429,11 +424,11 @@ def hooked(
     backend = FakeBackend()
     backend.start()
     proxier = Proxier(CONFIG, backend, hooks=[conntrack_hook(ct, log=log, on_result=on_result)])
-    proxier.on_node(node(NODE, ["192.168.50.1"]))
+    intake(proxier).on_node(node(NODE, ["192.168.50.1"]))
     for obj in objects:
         _feed(proxier, _objs_kind(obj), None, obj)
-    proxier.on_synced(KIND_SERVICES)
-    proxier.on_synced(KIND_ENDPOINT_SLICES)
+    intake(proxier).on_synced(KIND_SERVICES)
+    intake(proxier).on_synced(KIND_ENDPOINT_SLICES)
     return proxier, log
 
 
@@ -443,7 +438,7 @@ def test_hook_cleans_after_each_sync() -> None:
     proxier, _ = hooked(ct, [dns(), A_SLICE], on_result=results.append)
     proxier.sync()  # full: A is serving, the un-NATed flow goes
     assert UNNATED not in ct.flows and TO_A in ct.flows and TO_B not in ct.flows
-    proxier.on_endpoint_slice(A_SLICE, eps("dns", [EP_B]))
+    intake(proxier).on_endpoint_slice(A_SLICE, eps("dns", [EP_B]))
     proxier.sync()
     assert TO_A not in ct.flows
     assert [r.deleted for r in results] == [2, 1]

@@ -41,21 +41,16 @@ from typing import Any
 
 import kernel
 import pytest
+from feed import intake
 from k8s import endpoint_slice, node, service
 
 from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.conntrack import CleanupResult, Flow, FlowFilter
 from nftproxy.core.model import IPFamily, L4Protocol
 from nftproxy.kernel import netns as _netns
-from nftproxy.kernel.conntrack import (
-    CleanupResult,
-    Conntrack,
-    ConntrackUnavailable,
-    Flow,
-    FlowFilter,
-    conntrack_hook,
-)
+from nftproxy.kernel.conntrack import Conntrack, ConntrackUnavailable, conntrack_hook
 from nftproxy.kernel.libnftables import NftBackend
 
 pytestmark = pytest.mark.kernel
@@ -293,7 +288,7 @@ def cluster(family: IPFamily, *, cleanup: bool) -> Iterator[Cluster]:
             log = logging.getLogger("test.conntrack")
             hooks.append(conntrack_hook(ct, log=log, on_result=results.append))
         proxier = Proxier(CONFIG, backend, hooks=hooks)
-        proxier.on_node(node(NODE, [PLANS[V4].node, PLANS[V6].node]))
+        intake(proxier).on_node(node(NODE, [PLANS[V4].node, PLANS[V6].node]))
         proxier.on_synced(KIND_SERVICES)
         proxier.on_synced(KIND_ENDPOINT_SLICES)
         client = Client(topo.client, family)
@@ -316,13 +311,13 @@ def test_endpoint_replaced_next_datagram_reaches_the_new_one(
 ) -> None:
     with cluster(family, cleanup=cleanup) as c:
         p = c.plan
-        c.proxier.on_service(None, dns_service(family))
-        c.proxier.on_endpoint_slice(None, dns_slice(family, p.a))
+        intake(c.proxier).on_service(None, dns_service(family))
+        intake(c.proxier).on_endpoint_slice(None, dns_slice(family, p.a))
         c.proxier.sync()
         assert c.ask() == "A"
         assert c.ask() == "A", "same source port, same flow"
 
-        c.proxier.on_endpoint_slice(dns_slice(family, p.a), dns_slice(family, p.b))
+        intake(c.proxier).on_endpoint_slice(dns_slice(family, p.a), dns_slice(family, p.b))
         c.proxier.sync()
         answer = c.ask()
         if cleanup:
@@ -338,11 +333,11 @@ def test_endpoint_replaced_next_datagram_reaches_the_new_one(
 @FAMILIES
 def test_zero_to_one_endpoints_the_same_source_port_is_answered(family: IPFamily) -> None:
     with cluster(family, cleanup=True) as c:
-        c.proxier.on_service(None, dns_service(family))
+        intake(c.proxier).on_service(None, dns_service(family))
         c.proxier.sync()
         assert c.ask() is None, "no endpoints: rejected"
         assert c.flows() == [], "a rejected datagram confirms no entry"
-        c.proxier.on_endpoint_slice(None, dns_slice(family, c.plan.a))
+        intake(c.proxier).on_endpoint_slice(None, dns_slice(family, c.plan.a))
         c.proxier.sync()
         assert c.ask() == "A", c.flows()
 
@@ -352,8 +347,8 @@ def test_flow_cached_before_the_service_existed(cleanup: bool) -> None:
     with cluster(V4, cleanup=cleanup) as c:
         c.proxier.sync()
         assert c.ask() is None, "unknown VIP: routed towards the client and dropped there"
-        c.proxier.on_service(None, dns_service(V4))
-        c.proxier.on_endpoint_slice(None, dns_slice(V4, c.plan.a))
+        intake(c.proxier).on_service(None, dns_service(V4))
+        intake(c.proxier).on_endpoint_slice(None, dns_slice(V4, c.plan.a))
         c.proxier.sync()
         if cleanup:
             assert c.ask() == "A", c.flows()

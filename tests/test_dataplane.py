@@ -56,9 +56,11 @@ from typing import Any
 
 import kernel
 import pytest
+from feed import intake
 from k8s import endpoint_slice, node, service
 
-from nftproxy.agent.proxier import Proxier, SyncReport
+from nftproxy.agent.proxier import Proxier
+from nftproxy.agent.report import SyncReport
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
 from nftproxy.kernel.conntrack import Conntrack, conntrack_hook
@@ -156,15 +158,15 @@ class Cluster:
     ) -> None:
         hooks = [conntrack_hook(conntrack, log=LOG)] if conntrack is not None else []
         self.proxier = Proxier(config, backend, hooks=hooks)
-        self.proxier.on_node(
+        intake(self.proxier).on_node(
             node(
                 NODE_NAME,
                 [NODE_IPV4, NODE_ALT_IPV4, NODE_IPV6, NODE_ALT_IPV6],
                 pod_cidrs=["10.244.0.0/24", "fd00:244::/64"],
             )
         )
-        self.proxier.on_synced(KIND_SERVICES)
-        self.proxier.on_synced(KIND_ENDPOINT_SLICES)
+        intake(self.proxier).on_synced(KIND_SERVICES)
+        intake(self.proxier).on_synced(KIND_ENDPOINT_SLICES)
         self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     @staticmethod
@@ -174,9 +176,9 @@ class Cluster:
 
     def _send(self, kind: str, previous: Any, current: Any) -> None:
         if kind == "Service":
-            self.proxier.on_service(previous, current)
+            intake(self.proxier).on_service(previous, current)
         else:
-            self.proxier.on_endpoint_slice(previous, current)
+            intake(self.proxier).on_endpoint_slice(previous, current)
 
     def apply(self, *objects: dict[str, Any] | Iterable[dict[str, Any]]) -> Cluster:
         """Add or update Services / EndpointSlices (or lists of them)."""

@@ -36,7 +36,8 @@ import kernel
 import pytest
 
 from nftproxy.core.model import IPFamily
-from nftproxy.tools.demo import SAMPLE, Addresses, Check, Result, describe, load_cluster, plan
+from nftproxy.tools.demo import SAMPLE, load_cluster
+from nftproxy.tools.demo_report import Addresses, Check, Result, describe, plan
 from nftproxy.tools.sandbox.probe import Attempt
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,8 +28,8 @@ import yaml
 from kubernetes.client import models as k8s_models
 
 from nftproxy.cluster.kube import api_calls
+from nftproxy.core.address import parse_address
 from nftproxy.kernel import netns as _netns
-from nftproxy.serving.health import parse_address
 from nftproxy.tools import cli
 from nftproxy.tools.config_load import build_config, load_config_file
 

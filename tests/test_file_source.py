@@ -253,6 +253,20 @@ def test_the_embedded_example_loads(tmp_path: Path) -> None:
     assert source.chosen_node_name == "demo-node"
 
 
+def test_read_names_the_node_and_the_next_load_delivers_that_reading(tmp_path: Path) -> None:
+    path = write_docs(tmp_path / "c.yaml", node("n1"), service("web"))
+    recorder = Recorder()
+    source = FileSource([str(path)], recorder)
+    assert source.read() == "n1"
+    assert recorder.take() == [], "read() delivers nothing"
+    write_docs(path, node("n2"), service("api"))  # not read again by load()
+    source.load()
+    events = recorder.take()
+    assert ("service", None, "ns/web") in events and ("node", "n1") in events
+    assert source.reload(), "a later reload sees the edit"
+    assert ("service", None, "ns/api") in recorder.take()
+
+
 def test_several_files_and_a_missing_namespace_defaults(tmp_path: Path) -> None:
     svc = service("a")
     del svc["metadata"]["namespace"]

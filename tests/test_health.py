@@ -27,7 +27,6 @@ from nftproxy.serving.health import (
     HealthServer,
     ProxyHealth,
     ServiceHealthServers,
-    parse_address,
 )
 
 WEB = NamespacedName("ns", "web")
@@ -118,15 +117,6 @@ def test_last_updated_is_now_when_healthy_and_the_last_sync_when_not(
 def test_node_eligibility(health: ProxyHealth, node: NodeInfo | None, eligible: bool) -> None:
     health.set_node(node)
     assert health.status().node_eligible is eligible
-
-
-def test_parse_address() -> None:
-    assert parse_address("0.0.0.0:10256") == ("0.0.0.0", 10256)
-    assert parse_address("[::1]:10256") == ("::1", 10256)
-    assert parse_address(":0") == ("", 0)
-    for bad in ("10256", "host:port", "1.2.3.4:70000"):
-        with pytest.raises(ValueError):
-            parse_address(bad)
 
 
 # ---- /healthz and /livez -------------------------------------------------------------

@@ -20,9 +20,9 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from nftproxy.agent.proxier import FamilySync, SyncReport
+from nftproxy.agent.report import FamilySync, SyncReport
 from nftproxy.core.model import IPFamily, NamespacedName
-from nftproxy.core.tracker import ProxyState, UpdateResult
+from nftproxy.core.tracker import StateSnapshot, UpdateResult
 from nftproxy.serving.metrics import SYNC_BUCKETS, Metrics
 
 NOW = 1_700_000_000.0
@@ -51,7 +51,7 @@ def report(
             endpoint_changes=endpoint_changes[i],
         )
         families.append(
-            FamilySync(family, update, ProxyState(family, "n1"), no_local[0], no_local[1])
+            FamilySync(family, update, StateSnapshot(family), no_local[0], no_local[1])
         )
     return SyncReport(
         full=full, ops=ops, families=tuple(families), render_seconds=0.001,

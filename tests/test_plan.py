@@ -11,14 +11,16 @@ Aspects:
   number of other services (upstream's TestSyncProxyRulesRepeated, §2);
 - two service ports claiming one element resolve to one deterministic winner;
 - property: successive partial syncs end where one full sync of the final
-  state ends, in the planner's state and in a model of the kernel.
+  state ends, in the planner's state and in what the kernel lists.
 
-`Kernel` below is a small model of one nftables table: it refuses what the
-kernel refuses (a missing object, a goto to a missing chain, deleting a chain
-or set that is still used, an element that exists with another verdict,
-re-adding a set with other flags -- the kernel marks a set "dynamic" once an
-`update` rule uses it, docs/nft-python-notes.md §2) and keeps the content, so
-a plan is checked by what applying it does, not by its text.
+The kernel is FakeBackend (kernel/fake.py): it refuses what the kernel
+refuses (a missing object, a goto to a missing chain, deleting a chain or set
+that is still used, an element that exists with another verdict, re-adding a
+set with other flags or one that is "dynamic" -- created in one transaction
+with its update rule, docs/nft-python-notes.md §2), as tests/test_backend.py
+checks step by step against the real kernel, and keeps the content, so a plan
+is checked by what applying it does (what the fake then lists), not by its
+text.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import copy
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -45,11 +47,11 @@ from nftproxy.core.model import (
     SessionAffinity,
     TrafficPolicy,
 )
+from nftproxy.core.nft.errors import NftBusy, NftExists, NftNotFound, NftRejected
+from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import (
     SKELETON,
-    KernelSet,
-    KernelTable,
     Owner,
     Staged,
     TableState,
@@ -58,28 +60,45 @@ from nftproxy.core.nft.plan import (
     stage_partial,
 )
 from nftproxy.core.rules import names
-from nftproxy.core.rules.fragment import BaseHook, Fragment
+from nftproxy.core.rules.fragment import BaseHook, Fragment, SetDecl
 from nftproxy.core.rules.skeleton import render_skeleton
+from nftproxy.kernel.fake import FakeBackend
 
 V4 = IPFamily.IPV4
 Json = Mapping[str, Any]
+TABLE = Table("ip", "nftproxy")
 
 
-# --- a model of the kernel ---------------------------------------------------------
+# --- the kernel, and what it lists ---------------------------------------------------
 
 
-class Refused(AssertionError):
-    """The kernel would refuse this transaction."""
+def new_kernel() -> FakeBackend:
+    kernel = FakeBackend()
+    kernel.start()
+    return kernel
 
 
-@dataclass
-class _Set:
+@dataclass(frozen=True)
+class ListedContent:
+    """A listed set or map: declaration and elements (element key as JSON -> verdict)."""
+
     kind: str
     type: Any
     map: str | None
-    flags: set[str]
+    flags: frozenset[str]
     timeout: int | None
-    elems: dict[str, Any] = field(default_factory=dict)
+    elems: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Content:
+    """Everything packets see in the table: chains with their rules (expression
+    JSON, comment), base-chain hooks, sets with elements. Left out: handles,
+    listing order, set and element comments, sizes."""
+
+    chains: dict[str, list[tuple[str, str | None]]]
+    hooks: dict[str, BaseHook | None]
+    sets: dict[str, ListedContent]
 
 
 def _walk(value: Any) -> Iterator[Any]:
@@ -97,15 +116,6 @@ def _targets(value: Any) -> set[str]:
             for k in ("jump", "goto") if k in v}
 
 
-def _set_refs(value: Any) -> set[str]:
-    return {v[1:] for v in _walk(value) if isinstance(v, str) and v.startswith("@")}
-
-
-def _updated_sets(value: Any) -> set[str]:
-    return {v["set"]["set"][1:] for v in _walk(value)
-            if isinstance(v, dict) and isinstance(v.get("set"), dict) and "op" in v["set"]}
-
-
 def _elem_key_data(elem: Any) -> tuple[str, Any]:
     key, data = (elem[0], elem[1]) if isinstance(elem, list) else (elem, None)
     if isinstance(key, dict) and "elem" in key:
@@ -113,127 +123,41 @@ def _elem_key_data(elem: Any) -> tuple[str, Any]:
     return json.dumps(key, sort_keys=True), data
 
 
-@dataclass
-class Kernel:
-    """One table as the kernel holds it (chains with rules, sets with elements)."""
+def _listed_set(kind: str, obj: Json) -> ListedContent:
+    elems = dict(_elem_key_data(e) for e in obj.get("elem", ()))
+    return ListedContent(kind, obj["type"], obj.get("map"), frozenset(obj.get("flags", ())),
+                         obj.get("timeout"), elems)
 
-    chains: dict[str, list[Any]] = field(default_factory=dict)
-    hooks: dict[str, BaseHook | None] = field(default_factory=dict)
-    sets: dict[str, _Set] = field(default_factory=dict)
 
-    def commit(self, commands: Sequence[Json], *, fresh: bool = False) -> None:
-        """Apply all or nothing, like one libnftables transaction."""
-        work = copy.deepcopy(self)
-        for i, command in enumerate(commands):
-            try:
-                work._apply(command)
-            except Refused as exc:
-                raise Refused(f"command {i} {json.dumps(command)[:200]}: {exc}") from None
-        self.chains, self.hooks, self.sets = work.chains, work.hooks, work.sets
-
-    def _apply(self, command: Json) -> None:
-        (verb, body), = command.items()
-        (kind, spec), = body.items()
-        name = spec.get("name")
-        if kind == "table":
-            return
-        if kind == "chain":
-            self._chain(verb, spec)
-        elif kind == "rule":
-            self._need_chain(spec["chain"])
-            for t in _targets(spec["expr"]):
-                self._need_chain(t)
-            for s in _set_refs(spec["expr"]):
-                self._need_set(s)
-            for s in _updated_sets(spec["expr"]):
-                self.sets[s].flags.add("dynamic")
-            self.chains[spec["chain"]].append((spec["expr"], spec.get("comment")))
+def content(kernel: FakeBackend) -> Content:
+    """What the kernel lists of our table, compared by content."""
+    doc = kernel.list_table(TABLE.family, TABLE.name)
+    objects = listing(kernel)
+    assert doc is not None and objects is not None, "no table"
+    chains: dict[str, list[tuple[str, str | None]]] = {name: [] for name in objects.chains}
+    sets: dict[str, ListedContent] = {}
+    for item in doc["nftables"]:
+        ((kind, obj),) = item.items()
+        if kind == "rule":
+            chains[obj["chain"]].append((json.dumps(obj["expr"], sort_keys=True),
+                                         obj.get("comment")))
         elif kind in ("set", "map"):
-            self._set(verb, kind, spec)
-        elif kind == "element":
-            self._element(verb, self._need_set(name), spec["elem"])
-        else:
-            raise AssertionError(f"the model does not know {verb} {kind}")
+            sets[obj["name"]] = _listed_set(kind, obj)
+    return Content(chains, dict(objects.chains), sets)
 
-    def _need_chain(self, name: str) -> None:
-        if name not in self.chains:
-            raise Refused(f"ENOENT: no chain {name}")
 
-    def _need_set(self, name: str) -> _Set:
-        if name not in self.sets:
-            raise Refused(f"ENOENT: no set {name}")
-        return self.sets[name]
+def listing(kernel: FakeBackend) -> TableListing | None:
+    return kernel.list_table_objects(TABLE.family, TABLE.name)
 
-    def _chain(self, verb: str, spec: Json) -> None:
-        name = spec["name"]
-        hook = (BaseHook(spec["type"], spec["hook"], spec["prio"], spec["policy"])
-                if "hook" in spec else None)
-        if verb == "add":
-            if name in self.chains and self.hooks[name] != hook:
-                raise Refused(f"EEXIST: chain {name} exists with another hook")
-            self.chains.setdefault(name, [])
-            self.hooks[name] = hook
-            return
-        self._need_chain(name)
-        if verb == "flush":
-            self.chains[name] = []
-            return
-        assert verb == "delete"
-        if self.chains[name]:
-            raise Refused(f"EBUSY: chain {name} still has rules (not flushed)")
-        users = [c for c, rules in self.chains.items() if name in _targets(rules)]
-        users += [s for s, decl in self.sets.items() if name in _targets(list(decl.elems.values()))]
-        if users:
-            raise Refused(f"EBUSY: chain {name} is still used by {users}")
-        del self.chains[name], self.hooks[name]
 
-    def _set(self, verb: str, kind: str, spec: Json) -> None:
-        name = spec["name"]
-        if verb == "add":
-            new = _Set(kind, spec["type"], spec.get("map"), set(spec.get("flags", ())),
-                       spec.get("timeout"))
-            old = self.sets.get(name)
-            if old is None:
-                self.sets[name] = new
-            elif (old.kind, old.type, old.map, old.flags, old.timeout) != (
-                    new.kind, new.type, new.map, new.flags, new.timeout):
-                raise Refused(f"EEXIST: set {name} exists with another declaration")
-            return
-        s = self._need_set(name)
-        if verb == "flush":
-            s.elems.clear()
-            return
-        assert verb == "delete"
-        users = [c for c, rules in self.chains.items() if name in _set_refs(rules)]
-        if users:
-            raise Refused(f"EBUSY: set {name} is still used by {users}")
-        del self.sets[name]
-
-    def _element(self, verb: str, s: _Set, elems: Sequence[Any]) -> None:
-        for elem in elems:
-            key, data = _elem_key_data(elem)
-            if verb == "add":
-                for t in _targets(data):
-                    self._need_chain(t)
-                if key in s.elems and s.elems[key] != data:
-                    raise Refused(f"EEXIST: element {key} exists with {s.elems[key]}")
-                s.elems[key] = data
-            else:
-                if key not in s.elems:
-                    raise Refused(f"ENOENT: no element {key}")
-                del s.elems[key]
-
-    def listing(self) -> KernelTable:
-        sets = {n: KernelSet(n, tuple(s.type) if isinstance(s.type, list) else (s.type,),
-                             s.map, tuple(sorted(s.flags)), s.timeout)
-                for n, s in self.sets.items()}
-        return KernelTable(dict(self.hooks), sets)
-
-    def content(self) -> tuple[Any, ...]:
-        """Everything packets see; element comments and set comments left out."""
-        sets = {n: (s.kind, s.type, s.map, s.flags - {"dynamic"}, s.timeout, s.elems)
-                for n, s in self.sets.items()}
-        return self.chains, self.hooks, sets
+def refuses_readding(kernel: FakeBackend, decl: SetDecl) -> bool:
+    """Whether the kernel refuses `add set` of this very declaration (it does
+    for a "dynamic" set); an accepted re-add of the same declaration changes nothing."""
+    try:
+        kernel.commit([TABLE.add_set(decl)])
+    except NftExists:
+        return True
+    return False
 
 
 # --- order checks --------------------------------------------------------------------
@@ -272,8 +196,8 @@ def check_order(commands: Sequence[Json]) -> None:
     assert not flushes or not deletes or max(flushes) < min(deletes), "a flush after a delete"
 
 
-def apply(state: TableState, kernel: Kernel, staged: Staged) -> list[Json]:
-    """Commit a planned transaction to the model kernel, then record it."""
+def apply(state: TableState, kernel: FakeBackend, staged: Staged) -> list[Json]:
+    """Commit a planned transaction to the (fake) kernel, then record it."""
     check_order(staged.commands)
     kernel.commit(staged.commands)
     staged.commit()
@@ -285,22 +209,22 @@ def effective(state: TableState) -> dict[Any, Any]:
     return {eid: state.index.effective(eid) for eid in state.index.claims}
 
 
-def fresh(desired: Mapping[Owner, Fragment]) -> tuple[TableState, Kernel]:
-    state, kernel = TableState(V4, TABLE), Kernel()
+def fresh(desired: Mapping[Owner, Fragment]) -> tuple[TableState, FakeBackend]:
+    state, kernel = TableState(V4, TABLE), new_kernel()
     apply(state, kernel, stage_full(state, None, desired))
     return state, kernel
 
 
-def assert_same_as_full(state: TableState, kernel: Kernel) -> None:
+def assert_same_as_full(state: TableState, kernel: FakeBackend) -> None:
     """The state and the kernel equal a full sync of state's fragments into a fresh table."""
     ref_state, ref_kernel = fresh(dict(state.fragments))
     assert state.chains == ref_state.chains
     assert state.sets == ref_state.sets
     assert effective(state) == effective(ref_state)
-    assert kernel.content() == ref_kernel.content()
+    assert content(kernel) == content(ref_kernel)
 
 
-# --- the model refuses what the kernel refuses -------------------------------------
+# --- the kernel refuses, and keeps nothing of a refused transaction ------------------
 
 
 def _chain(name: str, verb: str = "add") -> Json:
@@ -317,35 +241,33 @@ def _aff(verb: str = "add", **extra: Any) -> Json:
 
 
 @pytest.mark.parametrize(
-    "commands",
+    ("commands", "error"),
     [
-        pytest.param([_chain("A"), _rule("A", {"goto": {"target": "B"}})],
+        pytest.param([_chain("A"), _rule("A", {"goto": {"target": "B"}})], NftNotFound,
                      id="goto to a missing chain"),
         pytest.param([_chain("A"), _chain("B"), _rule("A", {"jump": {"target": "B"}}),
-                      _chain("B", "flush"), _chain("B", "delete")],
+                      _chain("B", "flush"), _chain("B", "delete")], NftBusy,
                      id="deleting a chain a rule jumps to"),
-        pytest.param([_chain("A"), _rule("A", {"accept": None}), _chain("A", "delete")],
-                     id="deleting a chain that still has rules"),
         pytest.param([_chain("A"), {"add": {"map": {"family": "ip", "table": "nftproxy",
                                                     "name": "m", "type": "ipv4_addr",
                                                     "map": "verdict"}}},
                       {"add": {"element": {"family": "ip", "table": "nftproxy", "name": "m",
                                            "elem": [["1.1.1.1", {"goto": {"target": "A"}}]]}}},
-                      _chain("A", "delete")],
+                      _chain("A", "delete")], NftBusy,
                      id="deleting a chain a map element targets"),
         pytest.param([_aff(type="ipv4_addr", flags=["timeout"], timeout=60), _chain("A"),
                       _rule("A", {"set": {"op": "update", "set": "@aff",
                                           "elem": {"payload": {"protocol": "ip",
                                                                "field": "saddr"}}}}),
-                      _aff(type="ipv4_addr", flags=["timeout"], timeout=60)],
+                      _aff(type="ipv4_addr", flags=["timeout"], timeout=60)], NftExists,
                      id="re-adding a set an update rule made dynamic"),
         pytest.param([_aff(type="ipv4_addr"), _chain("A"),
                       _rule("A", {"match": {"op": "==", "left": "x", "right": "@aff"}}),
-                      _aff("delete")],
+                      _aff("delete")], NftBusy,
                      id="deleting a set a rule uses"),
         pytest.param([_aff(type="ipv4_addr"),
                       {"delete": {"element": {"family": "ip", "table": "nftproxy", "name": "aff",
-                                              "elem": ["1.1.1.1"]}}}],
+                                              "elem": ["1.1.1.1"]}}}], NftNotFound,
                      id="deleting a missing element"),
         pytest.param([_chain("A"), _chain("B"),
                       {"add": {"map": {"family": "ip", "table": "nftproxy", "name": "m",
@@ -354,20 +276,30 @@ def _aff(verb: str = "add", **extra: Any) -> Json:
                                            "elem": [["1.1.1.1", {"goto": {"target": "A"}}]]}}},
                       {"add": {"element": {"family": "ip", "table": "nftproxy", "name": "m",
                                            "elem": [["1.1.1.1", {"goto": {"target": "B"}}]]}}}],
-                     id="adding an element that exists with another verdict"),
+                     NftExists, id="adding an element that exists with another verdict"),
     ],
 )
-def test_the_kernel_model_refuses_and_stays_unchanged(commands: list[Json]) -> None:
-    kernel = Kernel()
-    kernel.commit([_chain("keep")])
-    with pytest.raises(Refused):
+def test_the_kernel_refuses_and_stays_unchanged(
+    commands: list[Json], error: type[NftRejected]
+) -> None:
+    kernel = new_kernel()
+    kernel.commit([TABLE.add_table(), _chain("keep")])
+    with pytest.raises(error):
         kernel.commit(commands)
-    assert kernel.content() == Kernel(chains={"keep": []}, hooks={"keep": None}).content()
+    assert content(kernel) == Content({"keep": []}, {"keep": None}, {})
+
+
+def test_the_kernel_deletes_a_chain_with_its_rules() -> None:
+    """Not a refusal (kernel 6.x; tests/test_backend.py): the planner still
+    flushes every chain before deleting it (check_order)."""
+    kernel = new_kernel()
+    kernel.commit([TABLE.add_table(), _chain("keep")])
+    kernel.commit([_chain("A"), _rule("A", {"accept": None}), _chain("A", "delete")])
+    assert content(kernel) == Content({"keep": []}, {"keep": None}, {})
 
 
 # --- builders ------------------------------------------------------------------------
 
-TABLE = Table("ip", "nftproxy")
 SKEL = render_skeleton(V4, CONFIG, NODE)
 SVC1 = service_port()
 EP1, EP2, EP3 = (endpoint(f"10.180.0.{i}") for i in (1, 2, 3))
@@ -381,7 +313,7 @@ def other(i: int) -> ServicePort:
     return service_port(f"svc{i}", ns="other", cluster_ip=f"172.31.{i // 250}.{i % 250 + 1}")
 
 
-def table(others: int, svc1: Fragment | None = None) -> tuple[TableState, Kernel]:
+def table(others: int, svc1: Fragment | None = None) -> tuple[TableState, FakeBackend]:
     """The skeleton, `others` ClusterIP services with one endpoint each, and ns1/svc1
     as `svc1` renders it (absent if None), fully synced into a fresh table."""
     desired: dict[Owner, Fragment] = {SKELETON: SKEL}
@@ -392,7 +324,7 @@ def table(others: int, svc1: Fragment | None = None) -> tuple[TableState, Kernel
     return fresh(desired)
 
 
-def partial(state: TableState, kernel: Kernel, changes: Mapping[Owner, Fragment | None],
+def partial(state: TableState, kernel: FakeBackend, changes: Mapping[Owner, Fragment | None],
             *, defer: bool = False) -> list[Json]:
     return apply(state, kernel, stage_partial(state, changes, defer_deletes=defer))
 
@@ -433,7 +365,7 @@ def test_a_removed_chain_is_flushed_then_deleted() -> None:
     gone = names.endpoint_chain(SVC1.name, EP2)
     assert commands_of(commands, "flush", "chain").count(gone) == 1
     assert commands_of(commands, "delete", "chain") == [gone]
-    assert gone not in kernel.chains
+    assert gone not in content(kernel).chains
     assert_same_as_full(state, kernel)
 
 
@@ -444,7 +376,7 @@ def test_deferred_deletes_leave_the_chain_flushed_until_gc() -> None:
     assert gone in commands_of(commands, "flush", "chain")
     assert commands_of(commands, "delete", "chain") == []
     assert state.stale_chains == {gone}
-    assert kernel.chains[gone] == []
+    assert content(kernel).chains[gone] == []
     gc = apply(state, kernel, stage_gc(state))
     assert commands_of(gc, "delete", "chain") == [gone]
     assert state.stale_chains == set()
@@ -470,8 +402,8 @@ def test_a_deleted_service_with_deferred_deletes_is_gone_after_gc() -> None:
     partial(state, kernel, {SVC1.name: None}, defer=True)
     assert state.stale_sets and state.stale_chains
     apply(state, kernel, stage_gc(state))
-    assert set(kernel.chains) == SKEL.chain_names()
-    assert set(kernel.sets) == {s.name for s in SKEL.sets}
+    assert set(content(kernel).chains) == SKEL.chain_names()
+    assert set(content(kernel).sets) == {s.name for s in SKEL.sets}
 
 
 def test_a_stale_source_ranges_set_that_comes_back_does_not_keep_old_ranges() -> None:
@@ -481,7 +413,7 @@ def test_a_stale_source_ranges_set_that_comes_back_does_not_keep_old_ranges() ->
     partial(state, kernel, {SVC1.name: None}, defer=True)
     narrowed = replace(lb, load_balancer_source_ranges=("198.51.100.0/24",))
     partial(state, kernel, {SVC1.name: frag(narrowed, [EP1])}, defer=True)
-    ranges = kernel.sets[names.firewall_set(SVC1.name)].elems
+    ranges = content(kernel).sets[names.firewall_set(SVC1.name)].elems
     assert list(ranges) == ['{"prefix": {"addr": "198.51.100.0", "len": 24}}']
     assert_same_as_full(state, kernel)
 
@@ -494,15 +426,29 @@ AFFINITY = replace(SVC1, session_affinity=SessionAffinity.CLIENT_IP, affinity_ti
 def test_full_resync_never_flushes_or_redeclares_affinity_sets() -> None:
     state, kernel = table(3, svc1=frag(AFFINITY, [EP1, EP2]))
     aff = {names.affinity_set(SVC1.name, ep) for ep in (EP1, EP2)}
-    assert all("dynamic" in kernel.sets[s].flags for s in aff)  # the update rules did that
-    kernel.sets[next(iter(aff))].elems['"192.0.2.7"'] = None  # a client the datapath recorded
-    commands = apply(state, kernel, stage_full(state, kernel.listing(), dict(state.fragments)))
+    # the update rules made them dynamic (each was added with its rule)
+    assert all(refuses_readding(kernel, state.sets[s]) for s in aff)
+    client = TABLE.add_set_elements(next(iter(aff)), ["192.0.2.7"])
+    kernel.commit(client)  # a client the datapath recorded
+    commands = apply(state, kernel, stage_full(state, listing(kernel), dict(state.fragments)))
     touched = {name for v, k, name, _ in _ops(commands) if k == "set"}
     assert touched.isdisjoint(aff)
-    assert '"192.0.2.7"' in kernel.sets[next(iter(aff))].elems
+    assert '"192.0.2.7"' in content(kernel).sets[next(iter(aff))].elems
     # every other set that exists is flushed and refilled
     assert set(commands_of(commands, "flush", "set")) == {"cluster-ips", "nodeport-ips",
                                                           "service-cidrs"}
+
+
+def test_a_stale_affinity_set_that_comes_back_before_gc_is_recreated() -> None:
+    state, kernel = table(0, svc1=frag(AFFINITY, [EP1]))
+    aff = names.affinity_set(SVC1.name, EP1)
+    partial(state, kernel, {SVC1.name: None}, defer=True)
+    assert aff in state.stale_sets
+    commands = partial(state, kernel, {SVC1.name: frag(AFFINITY, [EP1])}, defer=True)
+    # it was created with its update rule, so a plain re-add would be refused
+    assert commands_of(commands, "delete", "set") == [aff]
+    assert commands_of(commands, "add", "set") == [aff]
+    assert_same_as_full(state, kernel)
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["partial sync", "full sync"])
@@ -513,7 +459,7 @@ def test_a_changed_affinity_timeout_recreates_the_sets_after_flushing_their_user
     longer = frag(replace(AFFINITY, affinity_timeout=900), [EP1, EP2])
     if full:
         desired = {**state.fragments, SVC1.name: longer}
-        staged = stage_full(state, kernel.listing(), desired)
+        staged = stage_full(state, listing(kernel), desired)
     else:
         staged = stage_partial(state, {SVC1.name: longer})
     commands = apply(state, kernel, staged)
@@ -530,7 +476,7 @@ def test_a_changed_affinity_timeout_recreates_the_sets_after_flushing_their_user
             flush = ops.index(next(o for o in ops if o[:3] == ("flush", "chain", chain)))
             first_rule = next(i for i, o in enumerate(ops) if o[:3] == ("add", "rule", chain))
             assert flush < delete and add < first_rule
-        assert kernel.sets[s].timeout == 900
+        assert content(kernel).sets[s].timeout == 900
     assert_same_as_full(state, kernel)
 
 
@@ -564,7 +510,7 @@ def test_a_failed_commit_leaves_the_state_as_it_was() -> None:
     change: dict[Owner, Fragment | None] = {
         SVC1.name: frag(AFFINITY, [EP2, EP3]), other(0).name: None}
     first = stage_partial(state, change, defer_deletes=True)
-    full = stage_full(state, kernel.listing(), {SKELETON: SKEL})
+    full = stage_full(state, listing(kernel), {SKELETON: SKEL})
     gc = stage_gc(state)
     assert first.commands and full.commands and gc.commands  # none of them committed
     for attr in ("fragments", "chains", "sets", "stale_chains", "stale_sets"):
@@ -681,17 +627,17 @@ def test_full_sync_removes_what_is_not_desired_and_recreates_a_rehooked_base_cha
         {"add": {"chain": {"family": "ip", "table": "nftproxy", "name": "nat-output",
                            "type": "nat", "hook": "output", "prio": -99, "policy": "accept"}}},
     ])
-    commands = apply(state, kernel, stage_full(state, kernel.listing(), dict(state.fragments)))
+    commands = apply(state, kernel, stage_full(state, listing(kernel), dict(state.fragments)))
     assert "KUBE-SVC-LEFTOVER" in commands_of(commands, "delete", "chain")
     assert "leftover" in commands_of(commands, "delete", "set")
-    assert kernel.hooks["nat-output"] == BaseHook("nat", "output", -100)
+    assert content(kernel).hooks["nat-output"] == BaseHook("nat", "output", -100)
     assert_same_as_full(state, kernel)
 
 
 def test_full_sync_with_deferred_deletes_leaves_leftovers_for_gc() -> None:
     state, kernel = table(1, svc1=frag(SVC1, [EP1]))
     desired = {o: f for o, f in state.fragments.items() if o != SVC1.name}
-    apply(state, kernel, stage_full(state, kernel.listing(), desired, defer_deletes=True))
+    apply(state, kernel, stage_full(state, listing(kernel), desired, defer_deletes=True))
     assert state.stale_chains == {names.service_chain(SVC1.name),
                                   names.endpoint_chain(SVC1.name, EP1)}
     apply(state, kernel, stage_gc(state))
@@ -707,7 +653,7 @@ def test_a_skeleton_change_rewrites_only_the_skeleton() -> None:
     assert {(v, k, n) for v, k, n, _ in _ops(commands)} == {
         ("flush", "set", "nodeport-ips"), ("add", "element", "nodeport-ips"),
         ("flush", "set", "service-cidrs")}
-    assert kernel.sets["nodeport-ips"].elems == {'"192.168.0.3"': None}
+    assert content(kernel).sets["nodeport-ips"].elems == {'"192.168.0.3"': None}
     commands = partial(state, kernel, {SKELETON: SKEL})  # back to every local address
     assert set(commands_of(commands, "add", "chain")) == {"KUBE-SERVICES",
                                                           "KUBE-EXTERNAL-SERVICES"}
@@ -804,7 +750,7 @@ def test_successive_partial_syncs_equal_one_full_sync(
             step[owner] = frag(*specs[owner])
         if data.draw(st.integers(0, 4), label="full sync?") == 0:
             desired = {o: f for o, f in {**state.fragments, **step}.items() if f is not None}
-            apply(state, kernel, stage_full(state, kernel.listing(), desired, defer_deletes=defer))
+            apply(state, kernel, stage_full(state, listing(kernel), desired, defer_deletes=defer))
         else:
             partial(state, kernel, step, defer=defer)
         if n % gc_every == 0:

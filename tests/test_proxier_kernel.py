@@ -19,6 +19,7 @@ from typing import Any
 
 import kernel
 import pytest
+from feed import intake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from k8s import endpoint_slice, node, service
@@ -47,14 +48,14 @@ def backend(netns: str) -> Iterator[NftBackend]:
 
 def fed(backend: NftBackend, objects: dict[str, dict[str, Any]]) -> Proxier:
     proxier = Proxier(CONFIG, backend)
-    proxier.on_node(node(NODE, ["192.168.50.1", "fd00:50::1"], pod_cidrs=["10.244.0.0/24"]))
+    intake(proxier).on_node(node(NODE, ["192.168.50.1", "fd00:50::1"], pod_cidrs=["10.244.0.0/24"]))
     for key, obj in objects.items():
         if key.startswith("svc/"):
-            proxier.on_service(None, obj)
+            intake(proxier).on_service(None, obj)
         else:
-            proxier.on_endpoint_slice(None, obj)
-    proxier.on_synced(KIND_SERVICES)
-    proxier.on_synced(KIND_ENDPOINT_SLICES)
+            intake(proxier).on_endpoint_slice(None, obj)
+    intake(proxier).on_synced(KIND_SERVICES)
+    intake(proxier).on_synced(KIND_ENDPOINT_SLICES)
     return proxier
 
 
@@ -105,13 +106,14 @@ def test_refused_commit_changes_nothing_and_next_sync_repairs(
     expected = listing(backend)
     kernel.nft(netns, "delete", "table", "ip", CONFIG.table_name)  # drift behind our back
     before = listing(backend)
-    proxier.on_endpoint_slice(objects["eps/web6"], endpoint_slice("web", [("fd00:244::12", NODE)]))
-    proxier.on_endpoint_slice(objects["eps/web6"], objects["eps/web6"])
+    events = intake(proxier)
+    events.on_endpoint_slice(objects["eps/web6"], endpoint_slice("web", [("fd00:244::12", NODE)]))
+    intake(proxier).on_endpoint_slice(objects["eps/web6"], objects["eps/web6"])
     with pytest.raises(NftError):
-        proxier.on_endpoint_slice(None, endpoint_slice("web", ["10.244.0.13"], name="extra"))
+        events.on_endpoint_slice(None, endpoint_slice("web", ["10.244.0.13"], name="extra"))
         proxier.sync()
     assert listing(backend) == before, "a refused transaction must not change either family"
-    proxier.on_endpoint_slice(endpoint_slice("web", ["10.244.0.13"], name="extra"), None)
+    intake(proxier).on_endpoint_slice(endpoint_slice("web", ["10.244.0.13"], name="extra"), None)
     report = proxier.sync()
     assert report.full
     assert listing(backend) == expected
@@ -133,7 +135,7 @@ def test_foreign_table_is_untouched(backend: NftBackend, netns: str) -> None:
     objects = sample()
     proxier = fed(backend, objects)
     proxier.sync()
-    proxier.on_service(objects["svc/web"], None)
+    intake(proxier).on_service(objects["svc/web"], None)
     proxier.sync()
     backend.delete_tables(CONFIG.table_name)
     assert kernel.nft(netns, "list", "table", "ip", "foreign") == before
@@ -212,8 +214,8 @@ def test_partial_syncs_end_in_the_table_of_one_full_sync(
         for i, objs in history:
             old_svc, old_eps = current.pop(f"svc/{i}", None), current.pop(f"eps/{i}", None)
             new_svc, new_eps = objs if objs else (None, None)
-            incremental.on_service(old_svc, new_svc)
-            incremental.on_endpoint_slice(old_eps, new_eps)
+            intake(incremental).on_service(old_svc, new_svc)
+            intake(incremental).on_endpoint_slice(old_eps, new_eps)
             if objs:
                 current[f"svc/{i}"], current[f"eps/{i}"] = objs
             incremental.sync()

@@ -15,7 +15,10 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from feed import update_service, update_slice
 
+from nftproxy.agent.intake import service_info
+from nftproxy.core import convert
 from nftproxy.core.model import Endpoint, IPFamily, L4Protocol, NamespacedName, ServicePortName
 from nftproxy.core.tracker import (
     KIND_ENDPOINT_SLICES,
@@ -140,8 +143,10 @@ def _kind(obj: Obj) -> str:
 
 def feed(state: ProxyState, events: Sequence[Event]) -> None:
     for event in events:
-        tracker = state.service_tracker if event.kind == "svc" else state.endpoint_tracker
-        tracker.update(event.previous, event.current)
+        if event.kind == "svc":
+            update_service(state.service_tracker, event.previous, event.current)
+        else:
+            update_slice(state.endpoint_tracker, event.previous, event.current, NODE)
 
 
 def sync(state: ProxyState, events: Sequence[Event]) -> UpdateResult:
@@ -267,7 +272,7 @@ SERVICE_CASES = [
 
 @pytest.mark.parametrize("case", SERVICE_CASES, ids=[c.id for c in SERVICE_CASES])
 def test_service_changes(case: ServiceCase) -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, case.before)
     feed(state, case.events)
     assert state.pending_service_changes == case.changes
@@ -280,7 +285,7 @@ def test_service_changes(case: ServiceCase) -> None:
 
 
 def test_service_ports_carry_the_converted_values() -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, [add(WEB)])
     sync(state, [update(WEB, WEB_HTTP_8080)])
     port = state.services[spn("ns/web:http")]
@@ -289,8 +294,8 @@ def test_service_ports_carry_the_converted_values() -> None:
 
 def test_dual_stack_service_yields_one_port_per_family() -> None:
     dual = service("web", cluster_ips=("10.96.0.10", "fd00::10"))
-    v4 = ProxyState(IPFamily.IPV4, NODE)
-    v6 = ProxyState(IPFamily.IPV6, NODE)
+    v4 = ProxyState(IPFamily.IPV4)
+    v6 = ProxyState(IPFamily.IPV6)
     for state in (v4, v6):
         assert names(sync(state, [add(dual)]).updated) == {"ns/web:http"}
     assert v4.services[spn("ns/web:http")].cluster_ip == "10.96.0.10"
@@ -298,8 +303,8 @@ def test_dual_stack_service_yields_one_port_per_family() -> None:
 
 
 def test_single_stack_service_is_invisible_to_the_other_family() -> None:
-    v6 = ProxyState(IPFamily.IPV6, NODE)
-    assert not v6.service_tracker.update(None, WEB)
+    v6 = ProxyState(IPFamily.IPV6)
+    assert not update_service(v6.service_tracker, None, WEB)
     assert sync(v6, []) == UpdateResult()
     assert dict(v6.services) == {}
 
@@ -307,7 +312,7 @@ def test_single_stack_service_is_invisible_to_the_other_family() -> None:
 def test_dropping_a_family_deletes_that_family_s_ports_only() -> None:
     dual = service("web", cluster_ips=("10.96.0.10", "fd00::10"))
     v4_only = service("web", cluster_ips=("10.96.0.10",))
-    v4, v6 = ProxyState(IPFamily.IPV4, NODE), ProxyState(IPFamily.IPV6, NODE)
+    v4, v6 = ProxyState(IPFamily.IPV4), ProxyState(IPFamily.IPV6)
     for state in (v4, v6):
         sync(state, [add(dual)])
     assert sync(v4, [update(dual, v4_only)]).deleted_ports == ()
@@ -315,31 +320,31 @@ def test_dropping_a_family_deletes_that_family_s_ports_only() -> None:
 
 
 def test_update_reports_whether_a_change_is_pending() -> None:
-    tracker = ProxyState(IPFamily.IPV4, NODE).service_tracker
-    assert tracker.update(None, WEB)
-    assert tracker.update(WEB, WEB_HTTP_8080)
-    assert not tracker.update(WEB_HTTP_8080, None)
+    tracker = ProxyState(IPFamily.IPV4).service_tracker
+    assert update_service(tracker, None, WEB)
+    assert update_service(tracker, WEB, WEB_HTTP_8080)
+    assert not update_service(tracker, WEB_HTTP_8080, None)
     assert tracker.pending == 0
 
 
-def test_service_problems_are_reported_by_the_sync_that_applies_them() -> None:
+def test_service_problems_are_reported_when_the_event_arrives() -> None:
     bad = service("web", ports=(("http", 80, "TCP"), ("big", 70000, "TCP")))
-    state = ProxyState(IPFamily.IPV4, NODE)
-    feed(state, [add(bad)])
-    result = state.apply()
-    assert [(p.kind, p.obj, p.field) for p in result.problems] == [
+    state = ProxyState(IPFamily.IPV4)
+    _, problems = service_info(NamespacedName("ns", "web"), bad)
+    assert [(p.kind, p.obj, p.field) for p in problems] == [
         ("Service", "ns/web", "spec.ports[1].port")
     ]
+    feed(state, [add(bad)])
+    state.apply()
     assert names(state.services) == {"ns/web:http"}
-    assert state.apply().problems == ()
 
 
 def test_objects_without_usable_metadata_are_ignored() -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     nameless: Obj = {"kind": "Service", "metadata": {"namespace": "ns"}, "spec": {}}
-    assert not state.service_tracker.update(None, nameless)
-    assert not state.endpoint_tracker.update(None, {"kind": "EndpointSlice"})
-    assert not state.service_tracker.update(None, None)
+    assert not update_service(state.service_tracker, None, nameless)
+    assert not update_slice(state.endpoint_tracker, None, {"kind": "EndpointSlice"}, NODE)
+    assert not update_service(state.service_tracker, None, None)
     assert state.apply() == UpdateResult()
 
 
@@ -559,7 +564,7 @@ ENDPOINT_CASES = [
 
 @pytest.mark.parametrize("case", ENDPOINT_CASES, ids=[c.id for c in ENDPOINT_CASES])
 def test_endpoint_changes(case: EndpointCase) -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, case.before)
     feed(state, case.events)
     assert state.pending_endpoint_changes == case.changes
@@ -573,7 +578,7 @@ def test_endpoint_changes(case: EndpointCase) -> None:
 
 
 def test_ipv6_slices_feed_the_ipv6_state() -> None:
-    state = ProxyState(IPFamily.IPV6, NODE)
+    state = ProxyState(IPFamily.IPV6)
     sync(state, [add(S1), add(S1_IPV6)])
     assert addresses(state.endpoints) == {"ns/web:http": ["[fd00::1]:8080"]}
 
@@ -582,7 +587,7 @@ def test_a_local_copy_of_a_duplicate_endpoint_wins() -> None:
     remote = eps_slice("web-1", "web", [endpoint("10.0.1.2", node="node-b")])
     local = eps_slice("web-2", "web", [endpoint("10.0.1.2", node=NODE)])
     for first, second in ((remote, local), (local, remote)):
-        state = ProxyState(IPFamily.IPV4, NODE)
+        state = ProxyState(IPFamily.IPV4)
         sync(state, [add(first), add(second)])
         (only,) = state.endpoints[spn("ns/web:http")]
         assert only.is_local
@@ -592,7 +597,7 @@ def test_duplicates_across_slices_resolve_by_slice_name_not_arrival() -> None:
     ready = eps_slice("web-1", "web", ["10.0.1.2"])
     unready = eps_slice("web-2", "web", [endpoint("10.0.1.2", ready=False)])
     for first, second in ((ready, unready), (unready, ready)):
-        state = ProxyState(IPFamily.IPV4, NODE)
+        state = ProxyState(IPFamily.IPV4)
         sync(state, [add(first)])
         sync(state, [add(second)])
         (only,) = state.endpoints[spn("ns/web:http")]
@@ -600,7 +605,7 @@ def test_duplicates_across_slices_resolve_by_slice_name_not_arrival() -> None:
 
 
 def test_endpoint_conditions_are_kept() -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, [add(S1_DRAINING)])
     ready, draining = state.endpoints[spn("ns/web:http")]
     assert (ready.ready, draining.ready, draining.serving, draining.terminating) == (
@@ -612,15 +617,19 @@ def test_endpoint_conditions_are_kept() -> None:
 
 
 def test_slice_update_reports_whether_a_change_is_pending() -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     tracker = state.endpoint_tracker
-    assert tracker.update(None, S1)
-    assert tracker.update(S1, S1), "the add is still pending"
+
+    def update(previous: Obj | None, current: Obj | None) -> bool:
+        return update_slice(tracker, previous, current, NODE)
+
+    assert update(None, S1)
+    assert update(S1, S1), "the add is still pending"
     state.apply()
-    assert not tracker.update(S1, S1)
-    assert tracker.update(S1, S1_FOR_API)
+    assert not update(S1, S1)
+    assert update(S1, S1_FOR_API)
     assert tracker.pending == 2, "leaves web, joins api"
-    assert not tracker.update(S1_FOR_API, S1)
+    assert not update(S1_FOR_API, S1)
     assert tracker.pending == 0
 
 
@@ -633,7 +642,7 @@ def epoch(text: str) -> float:
 
 
 def test_trigger_times_of_every_applied_change_are_reported_per_service() -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     feed(
         state,
         [
@@ -653,14 +662,14 @@ def test_trigger_times_of_every_applied_change_are_reported_per_service() -> Non
 def test_a_trigger_time_alone_is_not_a_change() -> None:
     before = eps_slice("web-1", "web", ["10.0.1.1"], trigger=T1)
     after = eps_slice("web-1", "web", ["10.0.1.1"], trigger=T2)
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, [add(before)])
-    assert not state.endpoint_tracker.update(before, after)
+    assert not update_slice(state.endpoint_tracker, before, after, NODE)
     assert state.apply() == UpdateResult()
 
 
 def test_a_change_that_cancels_out_reports_no_trigger_time() -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, [add(S1), add(S2_DUPLICATE)])
     moved = eps_slice("web-2", "web", ["10.0.1.1"], trigger=T1)
     swapped = eps_slice("web-1", "web", ["10.0.1.2"], trigger=T1)
@@ -668,18 +677,18 @@ def test_a_change_that_cancels_out_reports_no_trigger_time() -> None:
     assert (result.updated, result.trigger_times, result.endpoint_changes) == (frozenset(), {}, 2)
 
 
-def test_slice_problems_are_reported_by_the_sync_that_applies_them() -> None:
+def test_slice_problems_are_reported_when_the_event_arrives() -> None:
     bad = eps_slice("web-1", "web", ["10.0.1.1", "10.0.1.999"])
-    state = ProxyState(IPFamily.IPV4, NODE)
-    result = sync(state, [add(bad)])
-    assert [(p.kind, p.obj, p.field) for p in result.problems] == [
+    state = ProxyState(IPFamily.IPV4)
+    assert [(p.kind, p.obj, p.field) for p in convert.slice_info(bad, NODE)[1]] == [
         ("EndpointSlice", "ns/web-1", "endpoints[1].addresses[0]")
     ]
+    sync(state, [add(bad)])
     assert addresses(state.endpoints) == {"ns/web:http": ["10.0.1.1:8080"]}
 
 
 def test_services_and_endpoints_are_tracked_independently() -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, [add(S1)])
     assert dict(state.services) == {}
     result = sync(state, [add(WEB)])
@@ -691,7 +700,7 @@ def test_services_and_endpoints_are_tracked_independently() -> None:
 
 
 def test_maps_are_read_only_views() -> None:
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, [add(WEB), add(S1)])
     with pytest.raises(TypeError):
         state.services[spn("ns/web:x")] = state.services[spn("ns/web:http")]  # type: ignore[index]
@@ -705,7 +714,7 @@ def test_maps_are_read_only_views() -> None:
 def test_health_check_ports_are_those_of_local_policy_load_balancers() -> None:
     lb_local = service("lb", type_="LoadBalancer", etp="Local", health_check_node_port=32000)
     lb_cluster = service("lbc", type_="LoadBalancer", health_check_node_port=32001)
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, [add(lb_local), add(lb_cluster), add(WEB)])
     assert state.health_check_ports() == {NamespacedName("ns", "lb"): 32000}
 
@@ -722,7 +731,7 @@ def test_local_ready_endpoints_count_distinct_local_ready_ips_per_service() -> N
         ports=(("http", 8080, "TCP"), ("dns", 53, "UDP")),
     )
     remote_only = eps_slice("api-1", "api", ["10.0.2.1"])
-    state = ProxyState(IPFamily.IPV4, NODE)
+    state = ProxyState(IPFamily.IPV4)
     sync(state, [add(slice_), add(remote_only)])
     assert state.local_ready_endpoints() == {NamespacedName("ns", "web"): 1}
 

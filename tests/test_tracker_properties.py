@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from random import Random
 from typing import Any
 
+from feed import update_service, update_slice
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -130,8 +131,10 @@ def scenarios(draw: st.DrawFn) -> tuple[IPFamily, list[Step]]:
 def deliver(
     state: ProxyState, key: tuple[str, str], previous: Obj | None, current: Obj | None
 ) -> None:
-    tracker = state.service_tracker if key[0] == "svc" else state.endpoint_tracker
-    tracker.update(previous, current)
+    if key[0] == "svc":
+        update_service(state.service_tracker, previous, current)
+    else:
+        update_slice(state.endpoint_tracker, previous, current, NODE)
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ def listed_once(
 ) -> ProxyState:
     """A fresh state fed the objects as adds, in an arbitrary order (a list
     has no meaningful order), and synced once."""
-    fresh = ProxyState(family, NODE)
+    fresh = ProxyState(family)
     items = list(objects.items())
     rng.shuffle(items)
     for key, obj in items:
@@ -201,7 +204,7 @@ def test_any_history_ends_as_if_the_final_objects_were_listed_once(
     scenario: tuple[IPFamily, list[Step]], rng: Random
 ) -> None:
     family, history = scenario
-    state = ProxyState(family, NODE)
+    state = ProxyState(family)
     objects: dict[tuple[str, str], Obj] = {}
     snapshot = Snapshot.of(state)
     for step in [*history, Step(None)]:
@@ -229,7 +232,7 @@ def test_any_history_ends_as_if_the_final_objects_were_listed_once(
 @given(scenario=scenarios())
 def test_resyncs_change_nothing(scenario: tuple[IPFamily, list[Step]]) -> None:
     family, history = scenario
-    state = ProxyState(family, NODE)
+    state = ProxyState(family)
     objects: dict[tuple[str, str], Obj] = {}
     for step in history:
         if step.key is None:
@@ -252,7 +255,7 @@ def test_endpoint_tuples_are_sorted_unique_and_non_empty(
     scenario: tuple[IPFamily, list[Step]],
 ) -> None:
     family, history = scenario
-    state = ProxyState(family, NODE)
+    state = ProxyState(family)
     objects: dict[tuple[str, str], Obj] = {}
     for step in history:
         if step.key is None:

@@ -1,23 +1,28 @@
 """The node agent: a Proxier kept in sync by a Runner, with health and metrics.
 
-Layer: agent (above proxier; below cli, the only caller). One job: wire the
-long-running pieces together and own their start and stop order. The
-agent builds no real edge itself: the backend, the cluster source (through
+Layer: agent (above proxier; below tools, the only caller). One job: wire the
+long-running pieces together and own their start and stop order. The agent
+builds no real edge itself: the backend, the cluster source (through
 `source_factory`), the sysctl filesystem and conntrack are parameters, so
 tests run the real wiring with FakeBackend and a file source.
 
 Data flow:
-- the source feeds `_Events`, which forwards to the Proxier (record only)
-  and tells ProxyHealth about this Node (for /healthz eligibility);
+- the source feeds the `Intake` (agent/intake.py), which converts every
+  object when its event arrives, reports each invalid field once
+  (`_invalid_field`: one log line, nftproxy_invalid_fields_total, and
+  `on_invalid_field` -- the CLI posts a Kubernetes Event there), and hands
+  model values to `_Events`: the Proxier (record only), plus this Node for
+  ProxyHealth (/healthz eligibility);
 - every recorded change calls `_on_change`: ProxyHealth.queued(), the
   last-queued metric, Runner.kick();
 - the Runner calls `_sync` (rate-limited, at least every syncPeriod): a
   refused commit is counted (nftables_sync_failures_total), logged, and
   retried by the Runner (runner.py: first after max(minSyncPeriod, 1 s),
   doubling up to syncPeriod); nothing here ever raises out of the loop;
-- after each successful commit the Proxier runs `_after_sync` (health
-  updated, metrics, table-size gauges, health-check-node-port servers, one
-  log line) and, when conntrack is given, the conntrack cleanup hook.
+- after each successful commit the Proxier runs the hooks given to it:
+  `_after_sync` (health, metrics, table-size gauges, health-check-node-port
+  servers, one log line) and the conntrack cleanup. Both read only the
+  SyncReport.
 
 Stopping (SIGTERM/SIGINT in cli) stops watching, the runner (after a sync in
 progress), and the servers, and leaves the rules in place: traffic keeps
@@ -34,15 +39,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from nftproxy.agent.proxier import Proxier, SyncReport
+from nftproxy.agent.heap import FullSyncHeapPolicy
+from nftproxy.agent.intake import Intake, InvalidField
+from nftproxy.agent.proxier import Proxier
+from nftproxy.agent.report import SyncReport
 from nftproxy.agent.runner import Runner
-from nftproxy.cluster.events import ClusterEvents, Obj
-from nftproxy.cluster.file import FileSource
-from nftproxy.core import convert
+from nftproxy.cluster.events import ClusterEvents
 from nftproxy.core.config import ProxyConfig
-from nftproxy.core.model import IPFamily, NamespacedName
+from nftproxy.core.convert import EndpointSliceInfo
+from nftproxy.core.model import NamespacedName, NodeInfo, ServiceInfo
 from nftproxy.core.nft.errors import NftError
-from nftproxy.kernel.libnftables import Backend
+from nftproxy.core.nft.seam import Backend
 from nftproxy.kernel.sysctl import SysctlFS, apply_conntrack
 from nftproxy.serving.health import (
     BindErrorCallback,
@@ -53,11 +60,9 @@ from nftproxy.serving.health import (
 from nftproxy.serving.metrics import Metrics
 
 if TYPE_CHECKING:
-    from nftproxy.kernel.conntrack import CleanupResult, FlowFilter
+    from nftproxy.core.conntrack import CleanupResult, FlowFilter
 
-__all__ = ["Agent", "ConntrackEdge", "Source", "SourceFactory", "WatchedFiles"]
-
-_FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
+__all__ = ["Agent", "ConntrackEdge", "Source", "SourceFactory"]
 
 
 class Source(Protocol):
@@ -70,6 +75,7 @@ class Source(Protocol):
 
 
 SourceFactory = Callable[[ClusterEvents], Source]
+InvalidFieldCallback = Callable[[InvalidField], None]
 
 
 class ConntrackEdge(Protocol):
@@ -82,46 +88,26 @@ class ConntrackEdge(Protocol):
     def apply(self, filters: Sequence[FlowFilter]) -> CleanupResult: ...
 
 
-class WatchedFiles:
-    """A FileSource as a Source: load() on start (SourceError if a file is
-    missing or malformed), then watch() in a thread until stop()."""
-
-    def __init__(self, source: FileSource) -> None:
-        self.source = source
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.source.load()
-        self._thread = threading.Thread(
-            target=self.source.watch, args=(self._stop,), name="file-source", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-
 class _Events:
-    """The handler sources feed: the Proxier's, plus this Node for health."""
+    """What the Intake feeds: the Proxier's handlers, plus this Node for health."""
 
     def __init__(self, proxier: Proxier, health: ProxyHealth) -> None:
         self.proxier = proxier
         self.health = health
 
-    def on_service(self, previous: Obj | None, current: Obj | None) -> None:
-        self.proxier.on_service(previous, current)
+    def on_service(
+        self, name: NamespacedName, previous: ServiceInfo | None, current: ServiceInfo | None
+    ) -> None:
+        self.proxier.on_service(name, previous, current)
 
-    def on_endpoint_slice(self, previous: Obj | None, current: Obj | None) -> None:
-        self.proxier.on_endpoint_slice(previous, current)
+    def on_endpoint_slice(self, key: NamespacedName, current: EndpointSliceInfo | None) -> None:
+        self.proxier.on_endpoint_slice(key, current)
 
-    def on_node(self, node: Obj | None) -> None:
-        self.health.set_node(convert.node_info(node)[0] if node is not None else None)
+    def on_node(self, node: NodeInfo | None) -> None:
+        self.health.set_node(node)
         self.proxier.on_node(node)
 
-    def on_service_cidrs(self, cidrs: Sequence[Obj]) -> None:
+    def on_service_cidrs(self, cidrs: tuple[str, ...]) -> None:
         self.proxier.on_service_cidrs(cidrs)
 
     def on_synced(self, kind: str) -> None:
@@ -136,7 +122,9 @@ class Agent:
     `clock` is monotonic (scheduling, health ageing), `wall_clock` epoch
     (metric timestamps, health bodies). `service_health_host` "" serves
     health-check node ports on every address. `trim_memory` (malloc_trim
-    with the real backend) runs after full syncs.
+    with the real backend) runs after full syncs. `hooks` run after each
+    successful commit, after the agent's own. `on_invalid_field` hears of
+    every invalid field once, after it was logged and counted.
     """
 
     def __init__(
@@ -151,8 +139,10 @@ class Agent:
         sysctl_fs: SysctlFS | None = None,
         conntrack: ConntrackEdge | None = None,
         on_bind_error: BindErrorCallback | None = None,
+        on_invalid_field: InvalidFieldCallback | None = None,
         service_health_host: str = "",
         trim_memory: Callable[[], None] | None = None,
+        hooks: Sequence[Callable[[SyncReport], None]] = (),
         log: logging.Logger | None = None,
     ) -> None:
         self.config = config
@@ -160,13 +150,21 @@ class Agent:
         self.source_factory = source_factory
         self.sysctl_fs = sysctl_fs
         self.conntrack = conntrack
-        self.trim_memory = trim_memory
+        self.on_invalid_field = on_invalid_field
         self.log = log or logging.getLogger(__name__)
         self.metrics = Metrics(registry, clock=wall_clock)
         self.health = ProxyHealth(
             timeout=2 * config.sync_period, clock=wall_clock, monotonic=clock
         )
-        self.proxier = Proxier(config, backend, hooks=[self._after_sync], clock=clock)
+        self._conntrack_cleanup: Callable[[SyncReport], None] | None = None
+        self.proxier = Proxier(
+            config,
+            backend,
+            hooks=[self._after_sync, self._clean_conntrack, *hooks],
+            on_change=self._on_change,
+            heap=FullSyncHeapPolicy(trim_memory),
+            clock=clock,
+        )
         self.runner = Runner(
             self._sync,
             min_interval=config.min_sync_period,
@@ -176,7 +174,6 @@ class Agent:
             name="sync",
             log=self.log,
         )
-        self.proxier.set_change_callback(self._on_change)
         self.healthz = (
             HealthServer(
                 self.health, config.healthz_bind_address, on_response=self.metrics.record_response
@@ -189,11 +186,15 @@ class Agent:
             host=service_health_host,
             on_bind_error=on_bind_error,
         )
-        self.events = _Events(self.proxier, self.health)
+        self.events = Intake(
+            _Events(self.proxier, self.health),
+            node_name=config.node_name,
+            report=self._invalid_field,
+        )
+        """The ClusterEvents handler sources feed (raw objects in)."""
         self.source: Source | None = None
         self.synced = threading.Event()
         """Set after the first successful sync (for tests and readiness)."""
-        self._pending = (0, 0)
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -210,7 +211,7 @@ class Agent:
         if self.config.metrics_bind_address:
             address = self.config.metrics_bind_address
             self._serve("metrics", lambda: self.metrics.serve(address))
-        self.metrics.pending_from(self._pending_changes)
+        self.metrics.pending_from(self.proxier.pending_changes)
         self.runner.start()
         self.source = self.source_factory(self.events)
         self.source.start()
@@ -245,9 +246,7 @@ class Agent:
         def on_result(result: CleanupResult) -> None:
             self.metrics.record_conntrack(result.seconds, deleted=result.deleted)
 
-        self.proxier.hooks.append(
-            conntrack_hook(self.conntrack, log=self.log, on_result=on_result)
-        )
+        self._conntrack_cleanup = conntrack_hook(self.conntrack, log=self.log, on_result=on_result)
 
     def stop(self) -> None:
         """Stop watching, syncing and serving; leave the rules. Idempotent."""
@@ -279,10 +278,20 @@ class Agent:
     # ---- the loop -----------------------------------------------------------------
 
     def _on_change(self) -> None:
-        if self.proxier.gate.ready:  # as upstream: nothing is "queued" before the lists
+        if self.proxier.ready:  # as upstream: nothing is "queued" before the lists
             self.health.queued()
         self.metrics.record_queued()
         self.runner.kick()
+
+    def _invalid_field(self, invalid: InvalidField) -> None:
+        """The one stream every invalid field goes through, once each."""
+        self.log.warning("skipped invalid field: %s", invalid)
+        self.metrics.record_invalid_field(invalid.problem.kind)
+        if self.on_invalid_field is not None:
+            try:
+                self.on_invalid_field(invalid)
+            except Exception:  # reporting must never stop the intake
+                self.log.exception("reporting an invalid field failed")
 
     def _sync(self) -> None:
         """The Runner's function; raising makes the Runner retry."""
@@ -305,30 +314,18 @@ class Agent:
         """Post-commit hook: runs in the sync thread after every successful commit."""
         self.health.updated()
         self.metrics.record_sync(report)
-        self._record_tables()
-        ports: dict[NamespacedName, int] = {}
-        local: dict[NamespacedName, int] = {}
         for fam in report.families:
-            ports.update(fam.state.health_check_ports())
-            for svc, count in fam.state.local_ready_endpoints().items():
-                # A dual-stack pod is one endpoint per family: count it once.
-                local[svc] = max(local.get(svc, 0), count)
-        self.service_health.sync(ports, local)
+            t = fam.table
+            self.metrics.record_table(
+                fam.family.value, chains=t.chains, rules=t.rules, sets=t.sets, elements=t.elements
+            )
+        self.service_health.sync(dict(report.health_check_ports), dict(report.local_endpoints))
         self._log_sync(report)
-        if report.full and self.trim_memory is not None:
-            self.trim_memory()
         self.synced.set()
 
-    def _record_tables(self) -> None:
-        for family in _FAMILIES:
-            table = self.proxier.table_state(family)
-            self.metrics.record_table(
-                family.value,
-                chains=len(table.chains),
-                rules=sum(c.size for c in table.chains.values()),
-                sets=len(table.sets),
-                elements=len(table.index.claims),
-            )
+    def _clean_conntrack(self, report: SyncReport) -> None:
+        if self._conntrack_cleanup is not None:
+            self._conntrack_cleanup(report)
 
     def _log_sync(self, report: SyncReport) -> None:
         fields = {
@@ -343,22 +340,6 @@ class Agent:
         }
         level = logging.INFO if report.full or report.ops else logging.DEBUG
         self.log.log(level, "synced", extra=fields)
-
-    def _pending_changes(self) -> tuple[int, int]:
-        """(services, endpoint slices) with pending changes, read at scrape
-        time. The trackers are read without the proxier's lock: a concurrent
-        event can change a dict mid-count, so retry, then keep the last value."""
-        for _ in range(3):
-            try:
-                states = [self.proxier.proxy_state(f) for f in _FAMILIES]
-                self._pending = (
-                    max(s.pending_service_changes for s in states),
-                    sum(s.pending_endpoint_changes for s in states),
-                )
-                break
-            except RuntimeError:
-                continue
-        return self._pending
 
 
 def _nothing() -> None:

@@ -1,117 +1,78 @@
 """The proxier: event handlers that record, and sync() that programs.
 
-Layer: proxier (orchestration; imports the core and the nft edge through the
-Backend protocol). One job: drive a sync as a short list of named steps --
-apply trackers -> render changed fragments -> plan -> commit -> post-commit
-hooks (conntrack, health, metrics). Event handlers only record; sync() is the
-only path that writes to the kernel. Called by the runner (agent), the CLI
-(`sync --once`) and the demo.
+Layer: agent (orchestration; imports the core, and the kernel only through
+the core's Backend protocol). One job: drive a sync as a pipeline of named
+steps over values:
+
+  snapshot  -- under the lock: apply the trackers, decide full or partial,
+               take the node and the ServiceCIDRs (a frozen `SyncInput`)
+  render    -- pure (core/render.py): desired fragments per family
+  listing   -- full syncs only: what our tables hold in the kernel
+  stage     -- pure (core/nft/plan.py): one ordered transaction per family
+  commit    -- one backend.commit() for both families; record on success
+  report    -- a `SyncReport` of plain values, handed to the hooks
+
+Event handlers take model values (agent/intake.py converts) and only record;
+sync() is the only path that writes to the kernel. Callers: the agent's
+runner, the CLI (`sync`) and the demo.
 
 Full vs partial: a full sync (startup, after any failed commit, after a node
 or ServiceCIDR change, and every config.full_sync_period) lists our tables
 and rewrites everything; otherwise only the service ports the trackers marked
 changed are re-rendered, and a sync with no change sends nothing.
+
+What a sync does to process-wide state (the garbage collector, malloc) is
+not decided here: a `HeapPolicy` given to the constructor (agent/heap.py)
+brackets the build of a transaction and hears of committed full syncs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from nftproxy.cluster.events import Obj
-from nftproxy.core import convert
-from nftproxy.core.config import ProxyConfig
-from nftproxy.core.model import IPFamily, NodeInfo, ServicePortName, family_of
-from nftproxy.core.nft.errors import NftBusy, NftError
-from nftproxy.core.nft.ops import Table
-from nftproxy.core.nft.plan import (
-    SKELETON,
-    KernelSet,
-    KernelTable,
-    Owner,
-    Staged,
-    TableState,
-    stage_full,
-    stage_gc,
-    stage_partial,
+from nftproxy.agent.heap import HeapPolicy, NoHeapPolicy
+from nftproxy.agent.report import (
+    FamilyInput,
+    FamilySync,
+    PlannedSync,
+    PostCommitHook,
+    SyncInput,
+    SyncReport,
+    TableSizes,
 )
-from nftproxy.core.rules.detect import local_detector
-from nftproxy.core.rules.fragment import BaseHook, Fragment
-from nftproxy.core.rules.service import RenderContext, render_service_port
-from nftproxy.core.rules.skeleton import render_skeleton
-from nftproxy.core.tracker import ProxyState, SyncGate, UpdateResult
-from nftproxy.kernel.libnftables import TableObjects
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.convert import EndpointSliceInfo
+from nftproxy.core.model import (
+    IPFamily,
+    NamespacedName,
+    NodeInfo,
+    ServiceInfo,
+    ServicePortName,
+    family_of,
+)
+from nftproxy.core.nft.errors import NftBusy, NftError
+from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.nft.ops import Table
+from nftproxy.core.nft.plan import Staged, TableState, stage_full, stage_gc, stage_partial
+from nftproxy.core.nft.seam import Backend
+from nftproxy.core.render import NoLocal, RenderedFamily, render_changed, render_full
+from nftproxy.core.tracker import ProxyState, SyncGate
 
-__all__ = ["Backend", "Proxier", "SyncReport"]
+__all__ = ["Proxier"]
 
 FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
 
 
-class Backend(Protocol):
-    """What the proxier needs of the kernel edge (nft.backend.NftBackend and
-    nft.fake.FakeBackend both provide it)."""
-
-    def commit(self, commands: Sequence[Mapping[str, object]], *, fresh: bool = False) -> None: ...
-
-    def list_table_objects(self, family: str, table: str) -> TableObjects | None: ...
 
 
-def kernel_table(objs: TableObjects | None) -> KernelTable | None:
-    """The planner's view of a listing: chain hooks and set declarations."""
-    if objs is None:
-        return None
-    chains = {
-        name: BaseHook(c.base.type, c.base.hook, c.base.prio, c.base.policy) if c.base else None
-        for name, c in objs.chains.items()
-    }
-    sets = {n: KernelSet(n, s.type, None, s.flags, s.timeout) for n, s in objs.sets.items()}
-    sets.update({n: KernelSet(n, m.type, m.map) for n, m in objs.maps.items()})
-    return KernelTable(chains, sets)
-
-
-@dataclass(frozen=True)
-class FamilySync:
-    family: IPFamily
-    update: UpdateResult
-    state: ProxyState
-    no_local_internal: int = 0
-    no_local_external: int = 0
-
-
-@dataclass(frozen=True)
-class SyncReport:
-    """What one sync did, for logs, metrics, conntrack and health hooks."""
-
-    full: bool
-    ops: int
-    families: tuple[FamilySync, ...] = ()
-    render_seconds: float = 0.0
-    commit_seconds: float = 0.0
-    total_seconds: float = 0.0
-    skipped: str = ""
-
-    @property
-    def updated(self) -> frozenset[ServicePortName]:
-        out: set[ServicePortName] = set()
-        for f in self.families:
-            out |= f.update.updated
-        return frozenset(out)
-
-
-PostCommitHook = Callable[[SyncReport], None]
-
-
-@dataclass
 class _Inputs:
     """Everything recorded by the event handlers besides the trackers."""
 
-    node_obj: Obj | None = None
+    node: NodeInfo | None = None
     service_cidrs: tuple[str, ...] = ()
     need_full: bool = True
 
@@ -120,26 +81,15 @@ class _Inputs:
 class _Family:
     state: ProxyState
     table: TableState
-    no_local: dict[ServicePortName, tuple[bool, bool]] = field(default_factory=dict)
-
-
-@contextlib.contextmanager
-def _gc_paused(pause: bool) -> Iterator[None]:
-    """Pause the cyclic GC while a full sync renders: it allocates millions
-    of acyclic objects, and the collections they trigger cost ~40% of the
-    render time at 10,000 services (measured 5.2 s -> 3.4 s)."""
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+    no_local: dict[ServicePortName, NoLocal] = field(default_factory=dict)
 
 
 class Proxier:
-    """Event handlers (the ClusterEvents protocol) and sync()."""
+    """Event handlers (intake.ProxierEvents) and sync().
+
+    `hooks` run after every successful commit, in order, with the SyncReport;
+    `on_change` is called (outside the lock) after every recorded change.
+    """
 
     def __init__(
         self,
@@ -147,89 +97,107 @@ class Proxier:
         backend: Backend,
         *,
         hooks: Sequence[PostCommitHook] = (),
+        on_change: Callable[[], None] = lambda: None,
+        heap: HeapPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         log: logging.Logger | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
-        self.hooks = list(hooks)
+        self._hooks = tuple(hooks)
+        self._on_change = on_change
+        self._heap = heap or NoHeapPolicy()
         self.clock = clock
-        self.log = log or logging.getLogger("nftproxy.agent.proxier")
-        self.gate = SyncGate()
+        self.log = log or logging.getLogger("nftproxy.proxier")
+        self._gate = SyncGate()
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._inputs = _Inputs()
         self._families = {
-            f: _Family(
-                ProxyState(f, config.node_name),
-                TableState(f, Table(f.nft_family, config.table_name)),
-            )
+            f: _Family(ProxyState(f), TableState(f, Table(f.nft_family, config.table_name)))
             for f in FAMILIES
         }
         self._defer_deletes = False
         self._last_full = float("-inf")
-        self._changed: Callable[[], None] = lambda: None
 
-    # ---- event handlers: record only -------------------------------------
+    # ---- event handlers: record only -------------------------------------------
 
-    def set_change_callback(self, fn: Callable[[], None]) -> None:
-        """Called (outside the lock) after every recorded change: the runner's kick."""
-        self._changed = fn
-
-    def on_service(self, previous: Obj | None, current: Obj | None) -> None:
+    def on_service(
+        self, name: NamespacedName, previous: ServiceInfo | None, current: ServiceInfo | None
+    ) -> None:
         with self._lock:
             pending = [
-                f.state.service_tracker.update(previous, current) for f in self._families.values()
+                fam.state.service_tracker.update(
+                    name,
+                    previous.ports(f) if previous is not None else {},
+                    current.ports(f) if current is not None else {},
+                )
+                for f, fam in self._families.items()
             ]
         if any(pending):
-            self._changed()
+            self._on_change()
 
-    def on_endpoint_slice(self, previous: Obj | None, current: Obj | None) -> None:
+    def on_endpoint_slice(self, key: NamespacedName, current: EndpointSliceInfo | None) -> None:
         with self._lock:
             pending = [
-                f.state.endpoint_tracker.update(previous, current) for f in self._families.values()
+                fam.state.endpoint_tracker.update(key, current) for fam in self._families.values()
             ]
         if any(pending):
-            self._changed()
+            self._on_change()
 
-    def on_node(self, node: Obj | None) -> None:
+    def on_node(self, node: NodeInfo | None) -> None:
         with self._lock:
-            if node == self._inputs.node_obj:
+            if node == self._inputs.node:
                 return
-            self._inputs.node_obj = node
+            self._inputs.node = node
             self._inputs.need_full = True
-        self._changed()
+        self._on_change()
 
-    def on_service_cidrs(self, cidrs: Sequence[Obj]) -> None:
-        found: list[str] = []
-        for obj in cidrs:
-            values, problems = convert.service_cidrs(obj)
-            found += values
-            for p in problems:
-                self.log.warning("skipping invalid field: %s", p)
+    def on_service_cidrs(self, cidrs: tuple[str, ...]) -> None:
         with self._lock:
-            if tuple(sorted(found)) == self._inputs.service_cidrs:
+            if cidrs == self._inputs.service_cidrs:
                 return
-            self._inputs.service_cidrs = tuple(sorted(found))
+            self._inputs.service_cidrs = cidrs
             self._inputs.need_full = True
-        self._changed()
+        self._on_change()
 
     def on_synced(self, kind: str) -> None:
         with self._lock:
-            self.gate.mark_synced(kind)
-        self._changed()
+            self._gate.mark_synced(kind)
+        self._on_change()
 
     def request_full_sync(self) -> None:
         with self._lock:
             self._inputs.need_full = True
 
-    # ---- views --------------------------------------------------------------
+    # ---- views ------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Both initial lists are complete (before that, sync() programs nothing)."""
+        with self._lock:
+            return self._gate.ready
+
+    def pending_changes(self) -> tuple[int, int]:
+        """(services, endpoint slices) with changes not yet synced."""
+        with self._lock:
+            states = [fam.state for fam in self._families.values()]
+            return (
+                max(s.pending_service_changes for s in states),
+                sum(s.pending_endpoint_changes for s in states),
+            )
 
     def node(self) -> NodeInfo:
         """This node as the rules see it: the Node object, with --node-ip first."""
-        obj = self._inputs.node_obj
-        info = convert.node_info(obj)[0] if obj is not None else None
-        base = info or NodeInfo(self.config.node_name)
+        with self._lock:
+            return self._node()
+
+    def table_state(self, family: IPFamily) -> TableState:
+        """The planner's record of one table (tests and benchmarks)."""
+        return self._families[family].table
+
+    def _node(self) -> NodeInfo:
+        base = self._inputs.node or NodeInfo(self.config.node_name)
         flags = self.config.node_ips
         v4 = tuple(ip for ip in flags if family_of(ip) is IPFamily.IPV4)
         v6 = tuple(ip for ip in flags if family_of(ip) is IPFamily.IPV6)
@@ -243,97 +211,133 @@ class Proxier:
             to_be_deleted=base.to_be_deleted,
         )
 
-    def table_state(self, family: IPFamily) -> TableState:
-        return self._families[family].table
-
-    def proxy_state(self, family: IPFamily) -> ProxyState:
-        return self._families[family].state
-
-    # ---- sync ----------------------------------------------------------------
+    # ---- sync -------------------------------------------------------------------
 
     def sync(self) -> SyncReport:
         """One sync; raises NftError after a refused commit (the next sync is full)."""
         with self._sync_lock:
             return self._sync()
 
-    def plan_full(self) -> list[Mapping[str, object]]:
-        """The full transaction a first sync would send, without looking at or
-        touching the kernel (`sync --dry-run`)."""
-        with self._lock:
-            updates = {f: fam.state.apply() for f, fam in self._families.items()}
-        self._log_problems(updates)
-        staged = self._stage(True, updates, listing=False)
-        return [c for s in staged.values() for c in s.commands]
-
-    def _log_problems(self, updates: Mapping[IPFamily, UpdateResult]) -> None:
-        seen: set[str] = set()
-        for update in updates.values():
-            for problem in update.problems:
-                text = str(problem)
-                if text not in seen:
-                    seen.add(text)
-                    self.log.warning("skipped invalid field: %s", text)
+    def plan_full(self) -> PlannedSync:
+        """The full transaction a first sync would send, and what it was
+        rendered from, without looking at or touching the kernel (`sync
+        --dry-run`)."""
+        with self._sync_lock:
+            snapshot = self._snapshot(force_full=True)
+            staged = self._stage(self._render(snapshot), listings={})
+            return PlannedSync(snapshot, tuple(c for s in staged.values() for c in s.commands))
 
     def _sync(self) -> SyncReport:
         start = self.clock()
-        with self._lock:
-            if not self.gate.ready:
-                return SyncReport(full=False, ops=0, skipped="waiting for the initial list")
-            updates = {f: fam.state.apply() for f, fam in self._families.items()}
-            full = self._inputs.need_full or start - self._last_full >= self.config.full_sync_period
-        self._log_problems(updates)
+        if not self.ready:
+            return SyncReport(full=False, ops=0, skipped="waiting for the initial list")
+        snapshot = self._snapshot()
         self._collect_garbage()
         t_render = self.clock()
-        with _gc_paused(full):
-            staged = self._stage(full, updates, listing=full)
+        with self._heap.building(snapshot.full):
+            rendered = self._render(snapshot)
+            listings = self._list_tables() if snapshot.full else {}
+            staged = self._stage(rendered, listings)
         t_commit = self.clock()
         commands = [c for s in staged.values() for c in s.commands]
-        self._commit(commands, staged, full=full)
+        self._commit(commands, staged, rendered, full=snapshot.full)
         end = self.clock()
-        report = SyncReport(
-            full=full,
-            ops=len(commands),
-            families=tuple(self._family_report(f, updates[f]) for f in FAMILIES),
-            render_seconds=t_commit - t_render,
-            commit_seconds=end - t_commit,
-            total_seconds=end - start,
-        )
+        report = self._report(snapshot, len(commands), (start, t_render, t_commit, end))
         self._run_hooks(report)
         return report
 
+    def _snapshot(self, *, force_full: bool = False) -> SyncInput:
+        """Step 1: apply the trackers and freeze what the sync works from."""
+        with self._lock:
+            full = (
+                force_full
+                or self._inputs.need_full
+                or self.clock() - self._last_full >= self.config.full_sync_period
+            )
+            families = {
+                f: FamilyInput(fam.state.apply(), fam.state.snapshot())
+                for f, fam in self._families.items()
+            }
+            return SyncInput(full, self._node(), self._inputs.service_cidrs, families)
+
+    def _render(self, snapshot: SyncInput) -> dict[IPFamily, RenderedFamily]:
+        """Step 2 (pure)."""
+        out: dict[IPFamily, RenderedFamily] = {}
+        for family, inp in snapshot.families.items():
+            if snapshot.full:
+                out[family] = render_full(
+                    inp.state, self.config, snapshot.node, snapshot.service_cidrs
+                )
+            else:
+                out[family] = render_changed(
+                    inp.state, self.config, snapshot.node, inp.update.updated
+                )
+        return out
+
+    def _list_tables(self) -> dict[IPFamily, TableListing | None]:
+        """Step 3 (full syncs only): what our tables hold in the kernel."""
+        name = self.config.table_name
+        return {f: self.backend.list_table_objects(f.nft_family, name) for f in FAMILIES}
+
+    def _stage(
+        self,
+        rendered: Mapping[IPFamily, RenderedFamily],
+        listings: Mapping[IPFamily, TableListing | None],
+    ) -> dict[IPFamily, Staged]:
+        """Step 4 (pure): the transaction of each family."""
+        out: dict[IPFamily, Staged] = {}
+        for family, r in rendered.items():
+            table = self._families[family].table
+            if r.full:
+                out[family] = stage_full(
+                    table,
+                    listings.get(family),
+                    r.desired(),
+                    defer_deletes=self._defer_deletes,
+                )
+            else:
+                out[family] = stage_partial(
+                    table, r.fragments, defer_deletes=self._defer_deletes
+                )
+        return out
+
     def _commit(
-        self, commands: list[Mapping[str, object]], staged: Mapping[IPFamily, Staged], *, full: bool
+        self,
+        commands: list[Mapping[str, object]],
+        staged: Mapping[IPFamily, Staged],
+        rendered: Mapping[IPFamily, RenderedFamily],
+        *,
+        full: bool,
     ) -> None:
+        """Step 5: one atomic commit; on success record it, on refusal
+        make the next sync full."""
         try:
             # A full sync of a large cluster fills a libnftables cache of
             # hundreds of MB: use a context freed right after (DESIGN.md §5).
             self.backend.commit(commands, fresh=full)
         except NftBusy:
-            if self._defer_deletes:
-                raise
-            # Kernels < 6.2 notice a lost vmap reference asynchronously: delete
-            # chains in a later transaction from now on (upstream does the same).
-            self.log.info("kernel refused same-transaction chain deletes; deferring them")
-            self._defer_deletes = True
+            if not self._defer_deletes:
+                # Kernels < 6.2 notice a lost vmap reference asynchronously:
+                # delete chains in a later transaction from now on (as upstream).
+                self.log.info("kernel refused same-transaction chain deletes; deferring them")
+                self._defer_deletes = True
             self.request_full_sync()
             raise
         except NftError:
-            with self._lock:
-                self._inputs.need_full = True
+            self.request_full_sync()
             raise
         for s in staged.values():
             s.commit()
+        for family, r in rendered.items():
+            _record_no_local(self._families[family].no_local, r)
         if full:
             with self._lock:
                 self._inputs.need_full = False
             self._last_full = self.clock()
-            # The committed state just built lives until the next full sync:
-            # keep the cyclic GC from re-scanning it on every collection
-            # (0.3-0.4 s per full pass at 10,000 services; bench/RESULTS.md).
-            gc.collect()
-            gc.freeze()
+        self._heap.committed(full)
 
     def _collect_garbage(self) -> None:
+        """Delete the chains and sets earlier commits left flushed (EBUSY)."""
         gcs = [
             stage_gc(fam.table)
             for fam in self._families.values()
@@ -351,70 +355,62 @@ class Proxier:
         for s in gcs:
             s.commit()
 
-    def _stage(
-        self, full: bool, updates: Mapping[IPFamily, UpdateResult], *, listing: bool
-    ) -> dict[IPFamily, Staged]:
-        node = self.node()
-        out: dict[IPFamily, Staged] = {}
-        for family, fam in self._families.items():
-            ctx = RenderContext(
-                family, self.config, node, local_detector(family, self.config, node)
-            )
-            if full:
-                desired = self._render_all(fam, ctx)
-                kernel = (
-                    kernel_table(
-                        self.backend.list_table_objects(family.nft_family, self.config.table_name)
-                    )
-                    if listing
-                    else None
-                )
-                out[family] = stage_full(
-                    fam.table, kernel, desired, defer_deletes=self._defer_deletes
-                )
-            else:
-                changed = self._render_changed(fam, ctx, updates[family].updated)
-                out[family] = stage_partial(fam.table, changed, defer_deletes=self._defer_deletes)
-        return out
+    def _report(
+        self, snapshot: SyncInput, ops: int, times: tuple[float, float, float, float]
+    ) -> SyncReport:
+        """Step 6: what the sync did, as values."""
+        start, t_render, t_commit, end = times
+        families = tuple(
+            self._family_report(f, snapshot.families[f]) for f in FAMILIES
+        )
+        ports: dict[NamespacedName, int] = {}
+        local: dict[NamespacedName, int] = {}
+        for fam in families:
+            ports.update(fam.state.health_check_ports())
+            for svc, count in fam.state.local_ready_endpoints().items():
+                local[svc] = max(local.get(svc, 0), count)
+        return SyncReport(
+            full=snapshot.full,
+            ops=ops,
+            families=families,
+            render_seconds=t_commit - t_render,
+            commit_seconds=end - t_commit,
+            total_seconds=end - start,
+            health_check_ports=ports,
+            local_endpoints=local,
+        )
 
-    def _skeleton(self, ctx: RenderContext) -> Fragment:
-        cidrs = tuple(c for c in self._inputs.service_cidrs if family_of(c) is ctx.family)
-        return render_skeleton(ctx.family, self.config, ctx.node, cidrs)
-
-    def _render_port(
-        self, fam: _Family, spn: ServicePortName, ctx: RenderContext
-    ) -> Fragment | None:
-        port = fam.state.services.get(spn)
-        if port is None:
-            fam.no_local.pop(spn, None)
-            return None
-        rendered = render_service_port(port, fam.state.endpoints.get(spn, ()), ctx)
-        fam.no_local[spn] = (rendered.internal_dropped, rendered.external_dropped)
-        return rendered.fragment
-
-    def _render_all(self, fam: _Family, ctx: RenderContext) -> dict[Owner, Fragment]:
-        fam.no_local.clear()
-        desired: dict[Owner, Fragment] = {SKELETON: self._skeleton(ctx)}
-        for spn in fam.state.services:
-            fragment = self._render_port(fam, spn, ctx)
-            if fragment is not None:
-                desired[spn] = fragment
-        return desired
-
-    def _render_changed(
-        self, fam: _Family, ctx: RenderContext, updated: frozenset[ServicePortName]
-    ) -> dict[Owner, Fragment | None]:
-        return {spn: self._render_port(fam, spn, ctx) for spn in sorted(updated)}
-
-    def _family_report(self, family: IPFamily, update: UpdateResult) -> FamilySync:
+    def _family_report(self, family: IPFamily, inp: FamilyInput) -> FamilySync:
         fam = self._families[family]
-        internal = sum(1 for i, _ in fam.no_local.values() if i)
-        external = sum(1 for _, e in fam.no_local.values() if e)
-        return FamilySync(family, update, fam.state, internal, external)
+        table = fam.table
+        return FamilySync(
+            family,
+            inp.update,
+            inp.state,
+            no_local_internal=sum(1 for i, _ in fam.no_local.values() if i),
+            no_local_external=sum(1 for _, e in fam.no_local.values() if e),
+            table=TableSizes(
+                chains=len(table.chains),
+                rules=sum(c.size for c in table.chains.values()),
+                sets=len(table.sets),
+                elements=len(table.index.claims),
+            ),
+        )
 
     def _run_hooks(self, report: SyncReport) -> None:
-        for hook in self.hooks:
+        for hook in self._hooks:
             try:
                 hook(report)
             except Exception:  # a hook must never break syncing
                 self.log.exception("post-sync hook %s failed", getattr(hook, "__name__", hook))
+
+
+def _record_no_local(counts: dict[ServicePortName, NoLocal], rendered: RenderedFamily) -> None:
+    if rendered.full:
+        counts.clear()
+    for spn, value in rendered.no_local.items():
+        if value is None:
+            counts.pop(spn, None)
+        else:
+            counts[spn] = value
+

@@ -2,8 +2,9 @@
 
 Layer: sources (edge: reads files; imports sources.events only). One job:
 feed a `ClusterEvents` handler from manifests on disk, the same way the kube
-source feeds it from the API server. Callers: cli (`sync --source`, `run
---source`, `demo`).
+source feeds it from the API server; `WatchedFiles` runs one as the agent's
+source (load on start, then watch in a thread). Callers: cli (`sync
+--source`, `run --source`, `demo`).
 
 Accepted input: multi-document YAML, `kind: List` (what `kubectl get
 svc,endpointslices -A -o yaml` prints, nested Lists too), typed lists as the
@@ -32,7 +33,7 @@ import yaml
 
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents, Obj
 
-__all__ = ["FileSource", "SourceError"]
+__all__ = ["FileSource", "SourceError", "WatchedFiles"]
 
 _SERVICE = "Service"
 _ENDPOINT_SLICE = "EndpointSlice"
@@ -90,17 +91,31 @@ class FileSource:
         self._delivered = _EMPTY
         self._signature: _FileSignature = ()
         self._warned: set[_Key] = set()
+        self._read_ahead: _Snapshot | None = None
 
     # -- public -----------------------------------------------------------------
 
+    def read(self) -> str:
+        """Read every file now without delivering anything, and return the
+        name of the Node the files hold for this node ("" if none). The next
+        load() delivers this reading instead of reading again. Raises
+        SourceError if a file is missing or malformed."""
+        signature = self._stat()
+        self._read_ahead = self._read()
+        self._signature = signature
+        return self._read_ahead.node_name
+
     def load(self) -> None:
-        """Read every file and deliver all objects, then mark both kinds synced.
+        """Read every file (unless read() just did) and deliver all objects,
+        then mark both kinds synced.
 
         Raises SourceError if a file is missing or malformed (nothing is delivered).
         """
-        signature = self._stat()
-        snapshot = self._read()
-        self._signature = signature
+        snapshot, self._read_ahead = self._read_ahead, None
+        if snapshot is None:
+            signature = self._stat()
+            snapshot = self._read()
+            self._signature = signature
         handler = self.handler
         for obj in snapshot.services.values():
             handler.on_service(None, obj)
@@ -226,6 +241,28 @@ class FileSource:
                 self.log.info("using Node %s from the source files", snapshot.node_name)
         self.chosen_node_name = snapshot.node_name
         self._delivered = snapshot
+
+
+class WatchedFiles:
+    """A FileSource as the agent's Source: load() on start (SourceError if a
+    file is missing or malformed), then watch() in a thread until stop()."""
+
+    def __init__(self, source: FileSource) -> None:
+        self.source = source
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.source.load()
+        self._thread = threading.Thread(
+            target=self.source.watch, args=(self._stop,), name="file-source", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def _parse(path: Path) -> list[Any]:

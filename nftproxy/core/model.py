@@ -12,7 +12,8 @@ ServicePort per port, each tracked and rendered into its own table.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "LoadBalancerIngress",
     "NamespacedName",
     "NodeInfo",
+    "ServiceInfo",
     "ServicePort",
     "ServicePortName",
     "SessionAffinity",
@@ -195,6 +197,20 @@ class Endpoint:
     def address(self) -> str:
         """ip:port, with brackets for IPv6, as kube-proxy's endpoint string."""
         return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceInfo:
+    """A Service as the proxy sees it: its ServicePorts in each family. A
+    family the Service has no cluster IP in (and a headless, ExternalName or
+    proxy-name-labelled Service in both) has none."""
+
+    name: NamespacedName
+    ipv4: Mapping[ServicePortName, ServicePort] = field(default_factory=dict)
+    ipv6: Mapping[ServicePortName, ServicePort] = field(default_factory=dict)
+
+    def ports(self, family: IPFamily) -> Mapping[ServicePortName, ServicePort]:
+        return self.ipv4 if family is IPFamily.IPV4 else self.ipv6
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,19 +1,23 @@
 """Change tracking with kube-proxy's semantics.
 
-Layer: tracker (imports model, convert). One job: accumulate Service and
-EndpointSlice changes between syncs and, at sync time, apply them to the
-per-family service and endpoints maps, returning what changed as a value.
+Layer: tracker (imports model, and convert's EndpointSliceInfo value). One
+job: accumulate Service and EndpointSlice changes between syncs and, at sync
+time, apply them to the per-family service and endpoints maps, returning
+what changed as a value.
+
+The trackers take model values: objects are converted (and their invalid
+fields reported) once, when their event arrives (agent/intake.py), never
+here. The maps are replaced, not mutated, by apply(): a `StateSnapshot`
+handed out earlier stays a true value however many syncs follow.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
 
-from nftproxy.core import convert
-from nftproxy.core.convert import EndpointSliceInfo, Problem
+from nftproxy.core.convert import EndpointSliceInfo
 from nftproxy.core.model import Endpoint, IPFamily, NamespacedName, ServicePort, ServicePortName
 
 __all__ = [
@@ -24,6 +28,7 @@ __all__ = [
     "ProxyState",
     "ServiceChange",
     "ServiceChangeTracker",
+    "StateSnapshot",
     "SyncGate",
     "UpdateResult",
 ]
@@ -53,7 +58,6 @@ class UpdateResult:
         to at least one (flows cached meanwhile would black-hole).
     trigger_times: per service, EndpointSlice last-change-trigger times
         (epoch seconds, sorted) of the changes applied.
-    problems: invalid fields skipped while converting the applied objects.
     service_changes / endpoint_changes: how many pending Service /
         (service, EndpointSlice) changes were applied (metrics).
     """
@@ -63,7 +67,6 @@ class UpdateResult:
     stale_endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]] = field(default_factory=dict)
     newly_active: frozenset[ServicePortName] = frozenset()
     trigger_times: Mapping[NamespacedName, tuple[float, ...]] = field(default_factory=dict)
-    problems: tuple[Problem, ...] = ()
     service_changes: int = 0
     endpoint_changes: int = 0
 
@@ -74,12 +77,11 @@ class UpdateResult:
 @dataclass(frozen=True, slots=True)
 class ServiceChange:
     """The net pending change of one Service: its ports as of the last apply
-    (`previous`) and now (`current`), and the problems of the current object."""
+    (`previous`) and now (`current`)."""
 
     service: NamespacedName
     previous: PortMap
     current: PortMap
-    problems: tuple[Problem, ...] = ()
 
 
 class ServiceChangeTracker:
@@ -94,24 +96,19 @@ class ServiceChangeTracker:
         """Services with a pending change (metric kubeproxy_service_changes_pending)."""
         return len(self._pending)
 
-    def update(self, previous: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> bool:
-        """Record a change (add: previous=None, delete: current=None). Keeps the
-        oldest previous and the newest current per object; a change whose net
-        effect is nothing is dropped. Returns True if a change is pending for
-        that object afterwards."""
-        obj = current if current is not None else previous
-        key = convert.service_name(obj) if obj is not None else None
-        if key is None:
-            return False
-        current_ports, problems = self._ports(current)
-        known = self._pending.get(key)
-        previous_ports = known.previous if known is not None else self._ports(previous)[0]
-        if previous_ports == current_ports:
+    def update(self, service: NamespacedName, previous: PortMap, current: PortMap) -> bool:
+        """Record a change of `service`'s ports in this family (add: previous
+        empty, delete: current empty). Keeps the oldest previous and the
+        newest current per service; a change whose net effect is nothing is
+        dropped. Returns True if a change is pending for it afterwards."""
+        known = self._pending.get(service)
+        previous_ports = known.previous if known is not None else previous
+        if previous_ports == current:
             # Back where the last apply left it (A->B->A, add then delete, or
             # an informer resync): nothing to do.
-            self._pending.pop(key, None)
+            self._pending.pop(service, None)
             return False
-        self._pending[key] = ServiceChange(key, previous_ports, current_ports, problems)
+        self._pending[service] = ServiceChange(service, previous_ports, current)
         return True
 
     def checkout(self) -> tuple[ServiceChange, ...]:
@@ -119,12 +116,6 @@ class ServiceChangeTracker:
         changes = tuple(self._pending[key] for key in sorted(self._pending))
         self._pending.clear()
         return changes
-
-    def _ports(self, obj: Mapping[str, Any] | None) -> tuple[PortMap, tuple[Problem, ...]]:
-        if obj is None:
-            return {}, ()
-        ports, problems = convert.service_ports(obj, self.family)
-        return ports, tuple(problems)
 
 
 # ----------------------------------------------------------- endpoint slices
@@ -142,7 +133,6 @@ class EndpointsChange:
     previous: EndpointsMap
     current: EndpointsMap
     trigger_times: tuple[float, ...] = ()
-    problems: tuple[Problem, ...] = ()
     slice_changes: int = 0
 
 
@@ -152,16 +142,14 @@ class _PendingSlice:
 
     info: EndpointSliceInfo | None
     trigger_times: tuple[float, ...]
-    problems: tuple[Problem, ...]
 
 
 class EndpointSliceChangeTracker:
     """Pending EndpointSlice changes of one family, grouped by service
     (kube-proxy's EndpointSliceCache: applied and pending slices per service)."""
 
-    def __init__(self, family: IPFamily, node_name: str) -> None:
+    def __init__(self, family: IPFamily) -> None:
         self.family = family
-        self.node_name = node_name
         self._applied: dict[NamespacedName, dict[str, EndpointSliceInfo]] = {}
         self._pending: dict[NamespacedName, dict[str, _PendingSlice]] = {}
         # Slice (namespace/name) -> the service its newest content feeds. The
@@ -174,24 +162,18 @@ class EndpointSliceChangeTracker:
         """Pending (service, slice) changes (metric kubeproxy_endpoint_changes_pending)."""
         return sum(len(slices) for slices in self._pending.values())
 
-    def update(self, previous: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> bool:
-        """Record an add (previous=None), update or delete (current=None).
-
-        Only `current` is converted: `previous` merely names the slice on
-        delete. Slices of the other family and slices convert ignores count
-        as absent. Returns True if a change is pending for the slice."""
-        obj = current if current is not None else previous
-        key = convert.service_name(obj) if obj is not None else None
-        if key is None:
-            return False
-        info, problems = self._convert(current)
+    def update(self, key: NamespacedName, current: EndpointSliceInfo | None) -> bool:
+        """Record the newest content of slice `key` (namespace/name): None when
+        it was deleted or is one the proxy ignores. A slice of the other
+        family counts as absent. Returns True if a change is pending for it."""
+        info = current if current is not None and current.family is self.family else None
         owner = self._owner.pop(key, None)
         touched: list[NamespacedName] = []
         if owner is not None and (info is None or info.service != owner):
-            self._stage(owner, key.name, None, problems if info is None else ())
+            self._stage(owner, key.name, None)
             touched.append(owner)
         if info is not None:
-            self._stage(info.service, key.name, info, problems)
+            self._stage(info.service, key.name, info)
             self._owner[key] = info.service
             touched.append(info.service)
         return any(key.name in self._pending.get(svc, {}) for svc in touched)
@@ -219,27 +201,10 @@ class EndpointSliceChangeTracker:
             previous=previous,
             current=_merge_slices(applied.values()),
             trigger_times=tuple(sorted(t for e in entries.values() for t in e.trigger_times)),
-            problems=tuple(p for e in entries.values() for p in e.problems),
             slice_changes=len(entries),
         )
 
-    def _convert(
-        self, obj: Mapping[str, Any] | None
-    ) -> tuple[EndpointSliceInfo | None, tuple[Problem, ...]]:
-        if obj is None:
-            return None, ()
-        info, problems = convert.slice_info(obj, self.node_name)
-        if info is not None and info.family is not self.family:
-            return None, ()  # the other family's tracker reports its problems
-        return info, tuple(problems)
-
-    def _stage(
-        self,
-        svc: NamespacedName,
-        slice_name: str,
-        info: EndpointSliceInfo | None,
-        problems: tuple[Problem, ...],
-    ) -> None:
+    def _stage(self, svc: NamespacedName, slice_name: str, info: EndpointSliceInfo | None) -> None:
         """Make `info` the newest content of the slice for `svc`, dropping the
         pending entry when it matches what is applied. A trigger time is kept
         only for a real content change: a resync or an annotation-only update
@@ -255,7 +220,7 @@ class EndpointSliceChangeTracker:
             times = known.trigger_times if known is not None else ()
             if info is not None and info.trigger_time is not None:
                 times = (*times, info.trigger_time)
-            pending[slice_name] = _PendingSlice(info, times, problems)
+            pending[slice_name] = _PendingSlice(info, times)
         if pending:
             self._pending[svc] = pending
         else:
@@ -308,19 +273,51 @@ class _EndpointsApplied:
     trigger_times: Mapping[NamespacedName, tuple[float, ...]]
 
 
+@dataclass(frozen=True, slots=True)
+class StateSnapshot:
+    """One family's service map and endpoints map as of one apply(): read-only
+    views of dicts that are never mutated again (apply() replaces them)."""
+
+    family: IPFamily
+    services: PortMap = field(default_factory=dict)
+    endpoints: EndpointsMap = field(default_factory=dict)
+
+    def health_check_ports(self) -> dict[NamespacedName, int]:
+        """healthCheckNodePort per service that needs a health server
+        (eTP=Local on an externally accessible port)."""
+        return {
+            spn.service: port.health_check_node_port
+            for spn, port in sorted(self.services.items())
+            if port.health_check_node_port and port.external_policy_local
+        }
+
+    def local_ready_endpoints(self) -> dict[NamespacedName, int]:
+        """Per service, the number of distinct local Ready endpoint IPs over
+        all its ports (the health server's localEndpoints; a pod serving two
+        ports counts once). Services without one are absent (count 0);
+        terminating endpoints never count, so load balancers drain the node."""
+        ips: dict[NamespacedName, set[str]] = {}
+        for spn, endpoints in self.endpoints.items():
+            for ep in endpoints:
+                if ep.is_local and ep.ready:
+                    ips.setdefault(spn.service, set()).add(ep.ip)
+        return {svc: len(ips[svc]) for svc in sorted(ips)}
+
+
 class ProxyState:
     """The service map and endpoints map of one family, and their trackers.
 
     Event handlers feed `service_tracker` and `endpoint_tracker`; the sync
     calls apply() once and passes the UpdateResult on. `endpoints` holds only
     ports with at least one endpoint (absent and empty mean the same).
+    apply() copies a map before changing it (O(ports), ~1 ms at 10,000), so
+    `snapshot()` costs nothing and stays valid.
     """
 
-    def __init__(self, family: IPFamily, node_name: str) -> None:
+    def __init__(self, family: IPFamily) -> None:
         self.family = family
-        self.node_name = node_name
         self.service_tracker = ServiceChangeTracker(family)
-        self.endpoint_tracker = EndpointSliceChangeTracker(family, node_name)
+        self.endpoint_tracker = EndpointSliceChangeTracker(family)
         self._services: dict[ServicePortName, ServicePort] = {}
         self._endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
         # Ports per Service as last applied: what a Service change replaces,
@@ -336,6 +333,10 @@ class ProxyState:
     def endpoints(self) -> EndpointsMap:
         """Read-only view of the endpoints map."""
         return MappingProxyType(self._endpoints)
+
+    def snapshot(self) -> StateSnapshot:
+        """Both maps as they are now, as a value later applies do not change."""
+        return StateSnapshot(self.family, self.services, self.endpoints)
 
     @property
     def pending_service_changes(self) -> int:
@@ -357,38 +358,21 @@ class ProxyState:
             stale_endpoints=endpoints.stale,
             newly_active=endpoints.newly_active,
             trigger_times=endpoints.trigger_times,
-            problems=(
-                *(p for c in service_changes for p in c.problems),
-                *(p for c in endpoint_changes for p in c.problems),
-            ),
             service_changes=len(service_changes),
             endpoint_changes=sum(c.slice_changes for c in endpoint_changes),
         )
 
     def health_check_ports(self) -> dict[NamespacedName, int]:
-        """healthCheckNodePort per service that needs a health server
-        (eTP=Local on an externally accessible port)."""
-        return {
-            spn.service: port.health_check_node_port
-            for spn, port in sorted(self._services.items())
-            if port.health_check_node_port and port.external_policy_local
-        }
+        return self.snapshot().health_check_ports()
 
     def local_ready_endpoints(self) -> dict[NamespacedName, int]:
-        """Per service, the number of distinct local Ready endpoint IPs over
-        all its ports (the health server's localEndpoints; a pod serving two
-        ports counts once). Services without one are absent (count 0);
-        terminating endpoints never count, so load balancers drain the node."""
-        ips: dict[NamespacedName, set[str]] = {}
-        for spn, endpoints in self._endpoints.items():
-            for ep in endpoints:
-                if ep.is_local and ep.ready:
-                    ips.setdefault(spn.service, set()).add(ep.ip)
-        return {svc: len(ips[svc]) for svc in sorted(ips)}
+        return self.snapshot().local_ready_endpoints()
 
-    def _apply_services(self, changes: Iterable[ServiceChange]) -> _ServicesApplied:
+    def _apply_services(self, changes: Sequence[ServiceChange]) -> _ServicesApplied:
         updated: set[ServicePortName] = set()
         deleted: list[ServicePort] = []
+        if changes:
+            self._services = dict(self._services)  # snapshots keep the old one
         for change in changes:
             old = self._ports_by_service.pop(change.service, {})
             new = dict(change.current)
@@ -405,11 +389,13 @@ class ProxyState:
                     updated.add(spn)
         return _ServicesApplied(frozenset(updated), tuple(sorted(deleted, key=lambda p: p.name)))
 
-    def _apply_endpoints(self, changes: Iterable[EndpointsChange]) -> _EndpointsApplied:
+    def _apply_endpoints(self, changes: Sequence[EndpointsChange]) -> _EndpointsApplied:
         updated: set[ServicePortName] = set()
         stale: dict[ServicePortName, tuple[Endpoint, ...]] = {}
         newly_active: set[ServicePortName] = set()
         trigger_times: dict[NamespacedName, tuple[float, ...]] = {}
+        if changes:
+            self._endpoints = dict(self._endpoints)  # snapshots keep the old one
         for change in changes:
             if change.previous == change.current:
                 continue

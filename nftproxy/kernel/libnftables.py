@@ -1,9 +1,11 @@
-"""The one seam between nftproxy and nftables: libnftables (the fake is kernel/fake.py).
+"""NftBackend: the real `Backend` (core/nft/seam.py), over libnftables.
 
-Layer: nft edge (the only module that talks to libnftables). One job: apply
-one JSON transaction atomically and list what one table holds. Callers: the
-proxier (commit, list_table_objects, delete_tables), `dump` and the tests
-(list_table); `cli.py` builds the real NftBackend, tests build FakeBackend.
+Layer: kernel edge (the only module that talks to libnftables; its test
+double is kernel/fake.py). One job: apply one JSON transaction atomically and
+list what one table holds (`list_table_objects` -> core/nft/listing.py
+`TableListing`). Callers: the proxier (commit, list_table_objects), the agent
+(start, close), the CLI (list_table for `dump`, delete_tables for `cleanup`)
+and the tests; `cli.py` builds the real NftBackend, tests build FakeBackend.
 
 NftBackend keeps ONE long-lived libnftables context, owned by a worker thread
 that serves every call over a queue:
@@ -38,25 +40,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from nftproxy.core.nft.errors import (
     NftNotFound,
     NftUnavailable,
     rejection,
 )
+from nftproxy.core.nft.listing import TableListing
 from nftproxy.kernel import netns as _netns
 
 __all__ = [
-    "Backend",
-    "BaseChain",
-    "ChainInfo",
-    "MapInfo",
     "NftBackend",
-    "SetInfo",
-    "TableObjects",
+    "delete_tables_commands",
     "malloc_trim",
     "tune_malloc",
 ]
@@ -66,106 +63,6 @@ T = TypeVar("T")
 
 METAINFO: Json = {"metainfo": {"json_schema_version": 1}}
 FAMILIES = ("ip", "ip6")
-
-
-# --- what a listing shows ---------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BaseChain:
-    """How a base chain is hooked (priority always an int, as listed)."""
-
-    type: str
-    hook: str
-    prio: int
-    policy: str = "accept"
-
-
-@dataclass(frozen=True, slots=True)
-class ChainInfo:
-    name: str
-    base: BaseChain | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SetInfo:
-    name: str
-    type: tuple[str, ...]
-    flags: tuple[str, ...] = ()
-    timeout: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MapInfo:
-    name: str
-    type: tuple[str, ...]
-    map: str
-
-
-@dataclass(frozen=True, slots=True)
-class TableObjects:
-    """Declarations in one table: what a full sync diffs against. Rules and
-    elements are left out on purpose (a full sync rewrites them)."""
-
-    family: str
-    table: str
-    chains: Mapping[str, ChainInfo]
-    sets: Mapping[str, SetInfo]
-    maps: Mapping[str, MapInfo]
-
-    @classmethod
-    def from_listing(cls, family: str, table: str, objects: Iterable[Json]) -> TableObjects:
-        """Pick this table's chains, sets and maps out of listed objects
-        (listings of a family show every table of it)."""
-        chains: dict[str, ChainInfo] = {}
-        sets: dict[str, SetInfo] = {}
-        maps: dict[str, MapInfo] = {}
-        for item in objects:
-            for kind, obj in item.items():
-                if kind not in ("chain", "set", "map"):
-                    continue
-                if obj.get("family") != family or obj.get("table") != table:
-                    continue
-                name = obj["name"]
-                if kind == "chain":
-                    base = None
-                    if "hook" in obj:
-                        base = BaseChain(
-                            obj["type"], obj["hook"], int(obj["prio"]), obj.get("policy", "accept")
-                        )
-                    chains[name] = ChainInfo(name, base)
-                elif kind == "set":
-                    sets[name] = SetInfo(
-                        name,
-                        _type_tuple(obj["type"]),
-                        tuple(obj.get("flags", ())),
-                        obj.get("timeout"),
-                    )
-                elif kind == "map":
-                    maps[name] = MapInfo(name, _type_tuple(obj["type"]), obj["map"])
-        return cls(family, table, chains, sets, maps)
-
-
-def _type_tuple(value: str | Sequence[str]) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
-
-
-class Backend(Protocol):
-    """What the proxier needs from nftables. NftBackend and FakeBackend."""
-
-    def start(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None: ...
-
-    def run_json(self, command: Mapping[str, Any]) -> Json: ...
-
-    def list_table(self, family: str, table: str) -> Json | None: ...
-
-    def list_table_objects(self, family: str, table: str) -> TableObjects | None: ...
-
-    def delete_tables(self, table: str) -> None: ...
 
 
 # --- glibc malloc -------------------------------------------------------------
@@ -277,6 +174,16 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
+def delete_tables_commands(table: str) -> list[Json]:
+    """Delete `ip <table>` and `ip6 <table>` whether they exist or not: an
+    `add` before each `delete` (libnftables 1.0.6 has no `destroy`)."""
+    commands: list[Json] = []
+    for family in FAMILIES:
+        ref = {"family": family, "name": table}
+        commands += [{"add": {"table": ref}}, {"delete": {"table": dict(ref)}}]
+    return commands
+
+
 def _unavailable(exc: BaseException) -> BaseException:
     if isinstance(exc, NftUnavailable):
         return exc
@@ -342,7 +249,7 @@ class NftBackend(_netns.WorkerOwner[Any]):
             return None
         return {"nftables": [item for item in doc["nftables"] if "metainfo" not in item]}
 
-    def list_table_objects(self, family: str, table: str) -> TableObjects | None:
+    def list_table_objects(self, family: str, table: str) -> TableListing | None:
         """Chain, set and map declarations of one table, or None if there is
         no such table; one batch of terse list commands, no rule dump."""
         batch = [
@@ -357,14 +264,10 @@ class NftBackend(_netns.WorkerOwner[Any]):
             if isinstance(error, NftNotFound):
                 return None
             raise error
-        return TableObjects.from_listing(family, table, _objects(out))
+        return TableListing.from_json(family, table, _objects(out))
 
     def delete_tables(self, table: str) -> None:
         """Delete `ip <table>` and `ip6 <table>`, whichever exist, in one
         transaction; nothing else. `add` before `delete` makes it idempotent
         (1.0.6 has no `destroy`; nft-python-notes.md §2)."""
-        commands: list[Json] = []
-        for family in FAMILIES:
-            ref = {"family": family, "name": table}
-            commands += [{"add": {"table": ref}}, {"delete": {"table": dict(ref)}}]
-        self.commit(commands)
+        self.commit(delete_tables_commands(table))

@@ -1,8 +1,9 @@
 """Health: /healthz and /livez, and one health server per eTP=Local service.
 
-Layer: edge (HTTP servers; imports model only). One job: answer the
-questions load balancers and the kubelet ask, with kube-proxy's meaning
-(upstream-nftables-notes.md §3.3, §3.4). Caller: agent.py, which tells
+Layer: edge (HTTP servers through serving.http; imports the core's model
+and address only). One job: answer the questions load balancers and the
+kubelet ask, with kube-proxy's meaning (upstream-nftables-notes.md §3.3,
+§3.4). Caller: agent.py, which tells
 `ProxyHealth` when a change is queued and when a sync succeeded, and hands
 `ServiceHealthServers.sync()` the health-check node ports and local endpoint
 counts after each sync.
@@ -22,37 +23,33 @@ Known limits: service health servers listen on every address (dual-stack
 "::", or 0.0.0.0 without IPv6), not only on nodePortAddresses as kube-proxy
 does. A port that cannot be bound is warned about (and reported through
 `on_bind_error`, for an Event) once per service and port, then retried
-silently on every sync -- kube-proxy warns on every sync. Each server has
-one thread blocked in select() (no polling) plus a thread per request.
+silently on every sync -- kube-proxy warns on every sync. Each server is
+an `HttpServer` (serving/http.py): one thread blocked in select() (no
+polling) plus a thread per request.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import selectors
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, cast
+from typing import Any
 
+from nftproxy.core.address import parse_address
 from nftproxy.core.model import NamespacedName, NodeInfo
+from nftproxy.serving.http import NOT_FOUND, App, HttpEndpoint, HttpServer, Response
 
 __all__ = [
     "HealthServer",
     "HealthStatus",
     "ProxyHealth",
     "ServiceHealthServers",
-    "parse_address",
 ]
 
-Response = tuple[int, Mapping[str, str], bytes]
-App = Callable[[str], Response]
 BindErrorCallback = Callable[[NamespacedName, int, OSError], None]
 
 
@@ -162,132 +159,10 @@ def healthz_response(status: HealthStatus) -> Response:
     return _json(200 if ok else 503, body)
 
 
-# ---- HTTP plumbing ------------------------------------------------------------------
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """'0.0.0.0:10256' -> ('0.0.0.0', 10256); '[::]:10256' -> ('::', 10256);
-    ':10256' -> ('', 10256) (every address). ValueError otherwise."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"invalid address {text!r} (want IP:PORT)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    app: App
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # socketserver prints tracebacks to stderr; a client that hangs up
-        # early is not worth more than a debug line.
-        logging.getLogger(__name__).debug("health request failed", exc_info=True)
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-    dual_stack = False
-
-    def server_bind(self) -> None:
-        if self.dual_stack:
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
-
-
-class _DualStackServer(_Server6):
-    dual_stack = True
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "nftproxy"
-
-    def do_GET(self) -> None:
-        self._respond(body=True)
-
-    def do_HEAD(self) -> None:
-        self._respond(body=False)
-
-    def _respond(self, *, body: bool) -> None:
-        app = cast(_Server, self.server).app
-        code, headers, data = app(self.path.partition("?")[0])
-        self.send_response(code)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one line per probe would drown the sync logs
-
-
-def _bind(host: str, port: int, app: App) -> _Server:
-    """A bound, listening server; OSError if the address is taken or invalid."""
-    server: _Server
-    if host == "":
-        try:
-            server = _DualStackServer(("::", port), _Handler)
-        except OSError as exc:
-            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
-                raise
-            server = _Server(("0.0.0.0", port), _Handler)
-    elif ":" in host:
-        server = _Server6((host, port), _Handler)
-    else:
-        server = _Server((host, port), _Handler)
-    server.app = app
-    server.timeout = 0  # handle_request() is only called when a client waits
-    return server
-
-
-class _Serving:
-    """One server, served by one thread blocked in select() until stop()."""
-
-    def __init__(self, server: _Server, name: str) -> None:
-        self.server = server
-        self.name = name
-        self._wake: tuple[socket.socket, socket.socket] | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self.server.server_address[:2]
-        return str(host), int(port)
-
-    def start(self) -> None:
-        self._wake = socket.socketpair()
-        self._thread = threading.Thread(
-            target=self._loop, args=(self._wake[0],), name=self.name, daemon=True
-        )
-        self._thread.start()
-
-    def _loop(self, wake: socket.socket) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.server, selectors.EVENT_READ)
-            selector.register(wake, selectors.EVENT_READ)
-            while True:
-                for key, _ in selector.select():
-                    if key.fileobj is wake:
-                        return
-                    self.server.handle_request()
-
-    def stop(self) -> None:
-        if self._wake is not None and self._thread is not None:
-            self._wake[1].send(b"x")
-            self._thread.join()
-            for sock in self._wake:
-                sock.close()
-            self._wake = None
-        self.server.server_close()
-
-
 # ---- /healthz and /livez ------------------------------------------------------------
 
 
-class HealthServer:
+class HealthServer(HttpEndpoint):
     """/healthz and /livez for `health` on `address` ('IP:PORT', port 0 =
     ephemeral). `on_response(endpoint, code)` counts answers (metrics)."""
 
@@ -303,26 +178,12 @@ class HealthServer:
         self.bind_address = address
         self.on_response = on_response
         self.log = log or logging.getLogger(__name__)
-        self._serving: _Serving | None = None
+        super().__init__(self._app, name="healthz")
 
     def start(self) -> None:
         """Bind and serve; raises OSError (or ValueError for a bad address)."""
-        host, port = parse_address(self.bind_address)
-        self._serving = _Serving(_bind(host, port, self._app), "healthz")
-        self._serving.start()
+        self._http.start(*parse_address(self.bind_address))
         self.log.info("serving /healthz and /livez", extra={"address": self.bind_address})
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """The bound (host, port); only after start()."""
-        if self._serving is None:
-            raise RuntimeError("HealthServer not started")
-        return self._serving.address
-
-    def stop(self) -> None:
-        if self._serving is not None:
-            self._serving.stop()
-            self._serving = None
 
     def _app(self, path: str) -> Response:
         status = self.health.status()
@@ -331,7 +192,7 @@ class HealthServer:
         elif path == "/livez":
             endpoint, response = "livez", livez_response(status)
         else:
-            return 404, {"Content-Type": "text/plain"}, b"404 page not found\n"
+            return NOT_FOUND
         if self.on_response is not None:
             self.on_response(endpoint, response[0])
         return response
@@ -343,7 +204,7 @@ class HealthServer:
 @dataclass
 class _Instance:
     port: int
-    serving: _Serving
+    serving: HttpServer
 
 
 class ServiceHealthServers:
@@ -396,8 +257,9 @@ class ServiceHealthServers:
                 self._open(service, port)
 
     def _open(self, service: NamespacedName, port: int) -> None:
+        serving = HttpServer(self._app_for(service), name=f"health-{service}")
         try:
-            server = _bind(self.host, port, self._app_for(service))
+            serving.start(self.host, port)
         except OSError as exc:
             if self._failed.get(service) != port:
                 self._failed[service] = port
@@ -408,8 +270,6 @@ class ServiceHealthServers:
                 self._report(service, port, exc)
             return
         self._failed.pop(service, None)
-        serving = _Serving(server, f"health-{service}")
-        serving.start()
         self._instances[service] = _Instance(port, serving)
         self.log.info("serving service health", extra={"service": str(service), "port": port})
 

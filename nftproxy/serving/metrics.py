@@ -1,10 +1,11 @@
 """Prometheus metrics with kube-proxy's names, and the /metrics endpoint.
 
-Layer: edge (prometheus_client and an HTTP server; imports tracker for the
-UpdateResult type only). One job: turn what a sync reports into metrics --
-the core never touches a metric (style.md trap 4). Caller: agent.py, which
-calls `record_sync(report)` after each successful commit, `record_failure()`
-after a refused one, `record_queued()` on every recorded change, and
+Layer: edge (prometheus_client, served by serving.http; imports the core's
+tracker for the UpdateResult type and address for the bind address). One
+job: turn what a sync reports into metrics -- the core never touches a
+metric (style.md trap 4). Caller: agent.py, which calls
+`record_sync(report)` after each successful commit, `record_failure()` after
+a refused one, `record_queued()` on every recorded change, and
 `serve(address)` at start-up.
 
 Names (upstream-nftables-notes.md §3.2), namespace `kubeproxy`:
@@ -35,13 +36,9 @@ from __future__ import annotations
 
 import logging
 import math
-import selectors
-import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol, cast
+from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -52,7 +49,9 @@ from prometheus_client import (
     generate_latest,
 )
 
+from nftproxy.core.address import parse_address
 from nftproxy.core.tracker import UpdateResult
+from nftproxy.serving.http import NOT_FOUND, HttpEndpoint, Response
 
 __all__ = ["Metrics", "SyncSummary"]
 
@@ -109,7 +108,7 @@ class SyncSummary(Protocol):
     def skipped(self) -> str: ...
 
 
-class Metrics:
+class Metrics(HttpEndpoint):
     """Every metric of nftproxy, registered in `registry` (a fresh one when
     None: never the process-wide default). `clock` gives epoch seconds."""
 
@@ -124,7 +123,7 @@ class Metrics:
         self.clock = clock
         self.log = log or logging.getLogger(__name__)
         self.start_time = -math.inf
-        self._serving: _Serving | None = None
+        super().__init__(self._app, name="metrics")
         r = self.registry
 
         def histogram(name: str, doc: str, buckets: Sequence[float], ns: str) -> Histogram:
@@ -202,6 +201,10 @@ class Metrics:
         self.skipped = Counter(
             "sync_skipped_total", "Syncs skipped (initial lists not complete yet)",
             namespace=nf, registry=r)
+        self.invalid_fields = Counter(
+            "invalid_fields_total",
+            "Invalid fields skipped in API objects (each reported once per object)",
+            ["kind"], namespace=nf, registry=r)
 
     # ---- recording ------------------------------------------------------------
 
@@ -237,6 +240,10 @@ class Metrics:
                 for t in times:
                     if t >= self.start_time:
                         self.network_programming.observe(max(0.0, now - t))
+
+    def record_invalid_field(self, kind: str) -> None:
+        """One invalid field skipped in an object of `kind` (Service, ...)."""
+        self.invalid_fields.labels(kind).inc()
 
     def record_failure(self) -> None:
         self.sync_failures.inc()
@@ -274,95 +281,12 @@ class Metrics:
     def serve(self, address: str) -> None:
         """Serve /metrics on 'IP:PORT' (port 0: ephemeral) in a thread;
         OSError if it cannot bind."""
-        host, port = _parse_address(address)
-        cls = _MetricsServer6 if ":" in host else _MetricsServer
-        server = cls((host or "0.0.0.0", port), _Handler)
-        server.registry = self.registry
-        server.timeout = 0
-        self._serving = _Serving(server)
-        self._serving.start()
+        host, port = parse_address(address)
+        # "" is 0.0.0.0 here: /metrics is not dual-stack unless asked for "::"
+        self._http.start(host or "0.0.0.0", port)
         self.log.info("serving /metrics", extra={"address": address})
 
-    @property
-    def address(self) -> tuple[str, int]:
-        if self._serving is None:
-            raise RuntimeError("metrics are not being served")
-        host, port = self._serving.server.server_address[:2]
-        return str(host), int(port)
-
-    def stop(self) -> None:
-        if self._serving is not None:
-            self._serving.stop()
-            self._serving = None
-
-
-# ---- the HTTP endpoint (kept apart from health.py: sibling edges share nothing) ----
-
-
-def _parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"invalid address {text!r} (want IP:PORT)")
-    return host.strip("[]"), int(port)
-
-
-class _MetricsServer(ThreadingHTTPServer):
-    daemon_threads = True
-    registry: CollectorRegistry
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        logging.getLogger(__name__).debug("metrics request failed", exc_info=True)
-
-
-class _MetricsServer6(_MetricsServer):
-    address_family = socket.AF_INET6
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "nftproxy"
-
-    def do_GET(self) -> None:
-        if self.path.partition("?")[0] != "/metrics":
-            self._send(404, "text/plain", b"404 page not found\n")
-            return
-        registry = cast(_MetricsServer, self.server).registry
-        self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
-
-    def _send(self, code: int, content_type: str, data: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _Serving:
-    """One server, one thread blocked in select() until stop() (no polling)."""
-
-    def __init__(self, server: _MetricsServer) -> None:
-        self.server = server
-        self._wake = socket.socketpair()
-        self._thread = threading.Thread(target=self._loop, name="metrics", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _loop(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.server, selectors.EVENT_READ)
-            selector.register(self._wake[0], selectors.EVENT_READ)
-            while True:
-                for key, _ in selector.select():
-                    if key.fileobj is self._wake[0]:
-                        return
-                    self.server.handle_request()
-
-    def stop(self) -> None:
-        self._wake[1].send(b"x")
-        self._thread.join()
-        self.server.server_close()
-        for sock in self._wake:
-            sock.close()
+    def _app(self, path: str) -> Response:
+        if path != "/metrics":
+            return NOT_FOUND
+        return 200, {"Content-Type": CONTENT_TYPE_LATEST}, generate_latest(self.registry)

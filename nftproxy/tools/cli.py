@@ -1,10 +1,13 @@
-"""The `nftproxy` command line: run | sync --once | dump | cleanup | demo.
+"""The `nftproxy` command line: run | sync | dump | cleanup | demo.
 
 Layer: cli (top; the one place that builds real edges). One job: parse
 flags, load the configuration (flags override the KubeProxyConfiguration
 file), set up logging, and hand a ProxyConfig to one `_cmd_<name>(args,
 config) -> int` per subcommand. Exit codes: 0 ok, 1 failure (including "needs
-root"), 2 usage or configuration error.
+root"), 2 usage or configuration error. `run` is the long-running agent;
+`sync` programs the table once from files and exits (`--once`, which it used
+to require, is still accepted and does nothing). What `sync` reads and
+prints lives in tools/dry_run.py.
 
 Node name: --node-name, else the file's hostnameOverride, else $NODE_NAME.
 Commands that talk to the API server fall back to the hostname; file sources
@@ -21,22 +24,23 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from nftproxy.agent.agent import Agent, ConntrackEdge, Source, SourceFactory, WatchedFiles
-from nftproxy.agent.proxier import Backend, Proxier
-from nftproxy.cluster.events import ClusterEvents, Obj
-from nftproxy.cluster.file import FileSource, SourceError
+from nftproxy.agent.agent import Agent, ConntrackEdge, Source, SourceFactory
+from nftproxy.cluster.events import ClusterEvents
+from nftproxy.cluster.file import FileSource, SourceError, WatchedFiles
+from nftproxy.cluster.recorder import Recorder
 from nftproxy.core.config import PRIMARY, DetectLocalMode, ProxyConfig
-from nftproxy.core.convert import node_info, service_cidrs, service_ports, slice_info
-from nftproxy.core.model import Endpoint, IPFamily, NamespacedName, ServicePort, ServicePortName
+from nftproxy.core.model import NamespacedName
 from nftproxy.core.nft.errors import NftError
 from nftproxy.kernel.libnftables import NftBackend, malloc_trim, tune_malloc
 from nftproxy.kernel.sysctl import HostFS
 from nftproxy.serving.health import BindErrorCallback
-from nftproxy.tools.config_load import ConfigError, build_config, load_config_file, parse_duration
+from nftproxy.tools.config_load import build_config, load_config_file
+from nftproxy.tools.config_values import ConfigError, parse_duration
+from nftproxy.tools.dry_run import dry_run, proxier_from_files
 from nftproxy.tools.dump import parse_table, render_text
 from nftproxy.tools.log import setup_logging
 
@@ -88,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "server; repeatable; edits are picked up")
     run.set_defaults(handler=_cmd_run)
 
-    sync = sub.add_parser("sync", parents=[common], help="program the rules once from files")
-    sync.add_argument("--once", action="store_true",
-                      help="sync once and exit (required for now)")
+    sync = sub.add_parser("sync", parents=[common],
+                          help="program the rules once from files and exit")
+    # `sync` always syncs once; --once stays accepted for scripts written when it was required
+    sync.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
     sync.add_argument("--source", metavar="FILE", action="append", required=True,
                       help="YAML/JSON manifests (e.g. kubectl get svc,endpointslices -A -o yaml); "
                       "repeatable")
@@ -220,11 +225,6 @@ def _needs_root(command: str) -> int | None:
     return 1
 
 
-def _not_implemented(command: str) -> int:
-    print(f"nftproxy: {command}: not implemented yet", file=sys.stderr)
-    return 2
-
-
 # -- subcommands ----------------------------------------------------------------------
 
 
@@ -235,8 +235,7 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
     on_bind_error: BindErrorCallback | None = None
     try:
         if args.source:
-            config = _node_from_files(args.source, config)
-            source_factory = _file_source(args.source, config.node_name)
+            config, source_factory = _file_source(args.source, config)
         else:
             config = _with_hostname(config)
             source_factory, on_bind_error = _kube_source(args.kubeconfig, config.node_name)
@@ -275,21 +274,22 @@ class _StartError(Exception):
     """`run` cannot start (no API client, kube source unavailable)."""
 
 
-def _node_from_files(paths: Sequence[str], config: ProxyConfig) -> ProxyConfig:
-    """With no node name given, the only Node in the files (the trackers
-    need the name before the first endpoint arrives)."""
-    if config.node_name:
-        return config
-    probe = FileSource(paths, _Recorder(), node_name="")
-    probe.load()
-    return replace(config, node_name=probe.chosen_node_name)
+def _file_source(paths: Sequence[str], config: ProxyConfig) -> tuple[ProxyConfig, SourceFactory]:
+    """The files, read once, now (SourceError here, before anything starts).
+    With no node name given, the files' only Node names this node: the
+    Intake needs the name before the first endpoint arrives. The agent's
+    start() delivers this reading, then the files are watched."""
+    source = FileSource(paths, Recorder(), node_name=config.node_name)
+    chosen = source.read()
+    if not config.node_name:
+        config = replace(config, node_name=chosen)
+        source.node_name = chosen
 
-
-def _file_source(paths: Sequence[str], node_name: str) -> SourceFactory:
     def source_factory(handler: ClusterEvents) -> Source:
-        return WatchedFiles(FileSource(paths, handler, node_name=node_name))
+        source.handler = handler  # the Recorder above only stood in until now
+        return WatchedFiles(source)
 
-    return source_factory
+    return config, source_factory
 
 
 def _kube_source(kubeconfig: str | None, node_name: str) -> tuple[SourceFactory, BindErrorCallback]:
@@ -330,19 +330,19 @@ def _conntrack() -> ConntrackEdge | None:
 
 
 def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
-    if not args.once:
-        print("nftproxy: sync: --once is required (`nftproxy run` keeps syncing)",
-              file=sys.stderr)
-        return 2
+    """Program the table once from the files and exit (`run` keeps syncing)."""
     if args.dry_run:
-        if _dry_run(args.source, config, out=sys.stderr) != 0:
+        try:
+            dry_run(args.source, config, summary=sys.stderr, commands=sys.stdout)
+        except SourceError as exc:
+            print(f"nftproxy: sync: {exc}", file=sys.stderr)
             return 1
-        return _print_transaction(args.source, config, out=sys.stdout)
+        return 0
     if (root := _needs_root("sync")) is not None:
         return root
     with NftBackend() as backend:
         try:
-            proxier = _proxier_from_files(args.source, config, backend)
+            proxier = proxier_from_files(args.source, config, backend)
             report = proxier.sync()
         except (SourceError, NftError) as exc:
             print(f"nftproxy: sync: {exc}", file=sys.stderr)
@@ -411,200 +411,3 @@ def _cmd_demo(args: argparse.Namespace, config: ProxyConfig) -> int:
         logger.setLevel(level)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-# -- sync --dry-run: the model summary -------------------------------------------------
-
-
-@dataclass
-class _Recorder:
-    """A ClusterEvents handler that keeps the latest objects."""
-
-    services: dict[tuple[str, str], Obj] = field(default_factory=dict)
-    slices: dict[tuple[str, str], Obj] = field(default_factory=dict)
-    node: Obj | None = None
-    cidrs: tuple[Obj, ...] = ()
-    synced: set[str] = field(default_factory=set)
-
-    def on_service(self, previous: Obj | None, current: Obj | None) -> None:
-        _record(self.services, previous, current)
-
-    def on_endpoint_slice(self, previous: Obj | None, current: Obj | None) -> None:
-        _record(self.slices, previous, current)
-
-    def on_node(self, node: Obj | None) -> None:
-        self.node = node
-
-    def on_service_cidrs(self, cidrs: Sequence[Obj]) -> None:
-        self.cidrs = tuple(cidrs)
-
-    def on_synced(self, kind: str) -> None:
-        self.synced.add(kind)
-
-    def replay(self, target: ClusterEvents) -> None:
-        """Deliver what was recorded to another handler, as a fresh source would."""
-        if self.node is not None:
-            target.on_node(self.node)
-        target.on_service_cidrs(self.cidrs)
-        for svc in self.services.values():
-            target.on_service(None, svc)
-        for eps in self.slices.values():
-            target.on_endpoint_slice(None, eps)
-        for kind in sorted(self.synced):
-            target.on_synced(kind)
-
-
-def _record(store: dict[tuple[str, str], Obj], previous: Obj | None, current: Obj | None) -> None:
-    obj = current if current is not None else previous
-    if obj is None:
-        return
-    meta = obj.get("metadata") or {}
-    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    if current is None:
-        store.pop(key, None)
-    else:
-        store[key] = current
-
-
-def _dry_run(paths: Sequence[str], config: ProxyConfig, *, out: Any) -> int:
-    recorder = _Recorder()
-    source = FileSource(paths, recorder, node_name=config.node_name)
-    try:
-        source.load()
-    except SourceError as exc:
-        print(f"nftproxy: sync: {exc}", file=sys.stderr)
-        return 1
-    node_name = source.chosen_node_name or config.node_name
-    problems: list[Any] = []
-    lines = [f"dry run: {len(recorder.services)} services, {len(recorder.slices)} "
-             f"endpoint slices from {', '.join(paths)}; nothing was programmed"]
-    lines += _node_lines(recorder, node_name, problems)
-    endpoints = _endpoints_by_port(recorder, node_name, problems)
-    rows: list[tuple[str, ...]] = [_HEADER]
-    for (_ns, _name), svc in sorted(recorder.services.items()):
-        for family in IPFamily:
-            ports, found = service_ports(svc, family)
-            problems += found
-            for spn, sp in sorted(ports.items()):
-                rows.append(_row(sp, endpoints.get((spn, family), set())))
-    lines += _table(rows)
-    for problem in problems:
-        _log.warning("%s", problem)
-    print("\n".join(lines), file=out)
-    return 0
-
-
-def _proxier_from_files(paths: Sequence[str], config: ProxyConfig, backend: Backend) -> Proxier:
-    """A Proxier fed once from the files. The node name must be known before
-    the trackers see endpoints (is_local), so the files are read first."""
-    recorder = _Recorder()
-    source = FileSource(paths, recorder, node_name=config.node_name)
-    source.load()
-    if not config.node_name and source.chosen_node_name:
-        config = replace(config, node_name=source.chosen_node_name)
-    proxier = Proxier(config, backend)
-    recorder.replay(proxier)
-    return proxier
-
-
-def _print_transaction(paths: Sequence[str], config: ProxyConfig, *, out: Any) -> int:
-    proxier = _proxier_from_files(paths, config, _NoKernel())
-    for command in proxier.plan_full():
-        print(json.dumps(command, separators=(",", ":")), file=out)
-    return 0
-
-
-class _NoKernel:
-    """A backend for dry runs: planning never reaches it."""
-
-    def commit(self, commands: Sequence[Mapping[str, object]], *, fresh: bool = False) -> None:
-        raise RuntimeError("dry run must not commit")
-
-    def list_table_objects(self, family: str, table: str) -> None:
-        return None
-
-
-def _node_lines(recorder: _Recorder, node_name: str, problems: list[Any]) -> list[str]:
-    lines = []
-    info = None
-    if recorder.node is not None:
-        info, found = node_info(recorder.node)
-        problems += found
-    if info is None:
-        lines.append(f"node {node_name or '?'}: no Node object (every endpoint counts as remote)")
-    else:
-        ips = ", ".join([*info.ipv4, *info.ipv6]) or "no addresses"
-        zone = f"; zone {info.zone}" if info.zone else ""
-        pods = f"; podCIDRs {', '.join(info.pod_cidrs)}" if info.pod_cidrs else ""
-        lines.append(f"node {info.name}: {ips}{zone}{pods}")
-    cidrs: list[str] = []
-    for obj in recorder.cidrs:
-        found_cidrs, found = service_cidrs(obj)
-        cidrs += found_cidrs
-        problems += found
-    if cidrs:
-        lines.append(f"service CIDRs: {', '.join(cidrs)}")
-    return lines
-
-
-def _endpoints_by_port(
-    recorder: _Recorder, node_name: str, problems: list[Any]
-) -> dict[tuple[ServicePortName, IPFamily], set[Endpoint]]:
-    result: dict[tuple[ServicePortName, IPFamily], set[Endpoint]] = {}
-    for _key, obj in sorted(recorder.slices.items()):
-        info, found = slice_info(obj, node_name)
-        problems += found
-        if info is None:
-            continue
-        for spn, eps in info.ports.items():
-            result.setdefault((spn, info.family), set()).update(eps)
-    return result
-
-
-_HEADER = ("SERVICE PORT", "FAMILY", "CLUSTER IP", "PORT", "EXTERNAL", "POLICY", "ENDPOINTS")
-
-
-def _row(sp: ServicePort, endpoints: set[Endpoint]) -> tuple[str, ...]:
-    external = []
-    if sp.node_port:
-        external.append(f"nodePort {sp.node_port}")
-    external += [f"externalIP {ip}" for ip in sp.external_ips]
-    external += [f"LB {ip}" for ip in sp.load_balancer_vips]
-    if sp.load_balancer_source_ranges:
-        external.append(f"from {','.join(sp.load_balancer_source_ranges)}")
-    policy = []
-    if sp.externally_accessible:
-        policy.append(f"eTP={sp.external_traffic_policy.value}")
-    policy.append(f"iTP={sp.internal_traffic_policy.value}")
-    if sp.affinity:
-        policy.append(f"affinity=ClientIP/{sp.affinity_timeout}s")
-    if sp.health_check_node_port:
-        policy.append(f"healthCheck={sp.health_check_node_port}")
-    return (
-        str(sp.name),
-        sp.family.value,
-        sp.cluster_ip,
-        f"{sp.port}/{sp.protocol.value}",
-        " ".join(external) or "-",
-        " ".join(policy),
-        _endpoint_summary(endpoints),
-    )
-
-
-def _endpoint_summary(endpoints: set[Endpoint]) -> str:
-    if not endpoints:
-        return "0 (rejects)"
-    ready = sum(e.ready for e in endpoints)
-    terminating = sum(e.serving and e.terminating and not e.ready for e in endpoints)
-    local = sum(e.is_local for e in endpoints)
-    detail = [f"{ready} ready"]
-    if terminating:
-        detail.append(f"{terminating} serving-terminating")
-    detail.append(f"{local} local")
-    return f"{len(endpoints)} ({', '.join(detail)})"
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in rows]

@@ -1,14 +1,15 @@
 """`nftproxy demo`: the real agent on a sample cluster, proven by traffic.
 
 Layer: demo (below cli, its only caller; above agent, sandbox, dump and
-convert, which it wires together). One job: build a throwaway node in network
+demo_report, which it wires together). One job: build a throwaway node in network
 namespaces (nftproxy.tools.sandbox: one node, three pods running the sandbox
 backends, one external client), run the real `Agent` on it -- NftBackend and
 conntrack cleanup bound to the node namespace, the file source watching the
 cluster file -- then send traffic from the client to every service path in
 the file and print, per service port, who answered how often, which source
 the pod saw (preserved or masqueraded), or how it failed (reject, drop),
-followed by `nftproxy dump` of the live table. Without `once` it keeps
+followed by `nftproxy dump` of the live table (which paths to try and how
+to describe what they did is demo_report.py). Without `once` it keeps
 running: every edit of the file that re-programs the rules is followed by a
 new traffic report. The sandbox is removed on every exit path (the caller
 turns SIGINT / SIGTERM into `stop`).
@@ -30,37 +31,43 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import ipaddress
 import json
 import logging
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from nftproxy.agent.agent import Agent, ConntrackEdge, Source, WatchedFiles
-from nftproxy.agent.proxier import SyncReport
-from nftproxy.cluster.events import ClusterEvents, Obj
-from nftproxy.cluster.file import FileSource, SourceError
-from nftproxy.core import convert
+from nftproxy.agent.agent import Agent, ConntrackEdge, Source
+from nftproxy.agent.report import SyncReport
+from nftproxy.cluster.events import ClusterEvents
+from nftproxy.cluster.file import FileSource, SourceError, WatchedFiles
+from nftproxy.cluster.recorder import Recorder
 from nftproxy.core.config import ProxyConfig
-from nftproxy.core.model import Endpoint, IPFamily, ServicePort, ServicePortName, TrafficPolicy
+from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.errors import NftError
 from nftproxy.kernel import netns
 from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.tools.demo_report import (
+    Addresses,
+    Block,
+    Check,
+    Cluster,
+    HealthCheck,
+    Result,
+    plan,
+    render,
+)
 from nftproxy.tools.dump import parse_table, render_text
-from nftproxy.tools.sandbox.probe import Attempt, ProbeError
-from nftproxy.tools.sandbox.topology import (
+from nftproxy.tools.sandbox.addresses import (
     CLUSTER_CIDRS,
     NODE_IPV4,
     NODE_IPV6,
@@ -68,23 +75,15 @@ from nftproxy.tools.sandbox.topology import (
     POD_GATEWAY_IPV6,
     PodSpec,
     Spec,
-    Topology,
-    TopologyError,
-    build,
 )
+from nftproxy.tools.sandbox.probe import ProbeError
+from nftproxy.tools.sandbox.topology import Topology, TopologyError, build
 
 __all__ = [
     "PODS",
     "SAMPLE",
-    "Addresses",
-    "Block",
-    "Check",
-    "Cluster",
-    "Result",
-    "describe",
     "load_cluster",
-    "plan",
-    "render",
+    "run_checks",
     "run_demo",
 ]
 
@@ -107,7 +106,6 @@ FIRST_TIMEOUT = 0.5
 TIMEOUT = 2.0
 FIRST_SYNC_TIMEOUT = 30.0
 _WORKERS = 8
-_WIDTH = 100
 _UNCHANGED_AFTER = 3.0
 """An edit that changes no rule is reported after this long (seconds)."""
 
@@ -118,7 +116,7 @@ class DemoError(Exception):
     """The demo cannot go on; the message is one line."""
 
 
-# --- what the source delivered -----------------------------------------------------------
+# --- what the agent did ----------------------------------------------------------------
 
 
 class _Syncs:
@@ -139,259 +137,7 @@ class _Syncs:
             return self.count, self.last
 
 
-@dataclass(frozen=True)
-class Cluster:
-    """The objects the file source delivered (what the agent was given)."""
-
-    services: Mapping[tuple[str, str], Obj] = field(default_factory=dict)
-    slices: Mapping[tuple[str, str], Obj] = field(default_factory=dict)
-    node_name: str = ""
-
-
-class _Recorder:
-    """A ClusterEvents handler keeping the latest objects; with `forward`,
-    a tee in front of the agent's handler. Every change bumps `changes` and
-    remembers how many syncs had committed before it (`syncs_before`), so
-    "a sync after the last change" can be told."""
-
-    def __init__(
-        self, forward: ClusterEvents | None = None, syncs: Callable[[], int] = lambda: 0
-    ) -> None:
-        self.forward = forward
-        self._syncs = syncs
-        self._lock = threading.Lock()
-        self._services: dict[tuple[str, str], Obj] = {}
-        self._slices: dict[tuple[str, str], Obj] = {}
-        self._node: Obj | None = None
-        self.changes = 0
-        self.syncs_before = 0
-
-    def _changed(self) -> None:
-        self.changes += 1
-        self.syncs_before = self._syncs()
-
-    def on_service(self, previous: Obj | None, current: Obj | None) -> None:
-        with self._lock:
-            _record(self._services, previous, current)
-            self._changed()
-        if self.forward is not None:
-            self.forward.on_service(previous, current)
-
-    def on_endpoint_slice(self, previous: Obj | None, current: Obj | None) -> None:
-        with self._lock:
-            _record(self._slices, previous, current)
-            self._changed()
-        if self.forward is not None:
-            self.forward.on_endpoint_slice(previous, current)
-
-    def on_node(self, node: Obj | None) -> None:
-        with self._lock:
-            self._node = node
-            self._changed()
-        if self.forward is not None:
-            self.forward.on_node(node)
-
-    def on_service_cidrs(self, cidrs: Sequence[Obj]) -> None:
-        with self._lock:
-            self._changed()
-        if self.forward is not None:
-            self.forward.on_service_cidrs(cidrs)
-
-    def on_synced(self, kind: str) -> None:
-        if self.forward is not None:
-            self.forward.on_synced(kind)
-
-    def marker(self) -> tuple[int, int]:
-        """(changes, syncs committed before the last change)."""
-        with self._lock:
-            return self.changes, self.syncs_before
-
-    def cluster(self, node_name: str) -> Cluster:
-        with self._lock:
-            return Cluster(dict(self._services), dict(self._slices), node_name)
-
-
-def _record(store: dict[tuple[str, str], Obj], previous: Obj | None, current: Obj | None) -> None:
-    obj = current if current is not None else previous
-    if obj is None:
-        return
-    meta = obj.get("metadata") or {}
-    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    if current is None:
-        store.pop(key, None)
-    else:
-        store[key] = current
-
-
-# --- what to check ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Addresses:
-    """The sandbox as the report needs it (pure data)."""
-
-    node: Mapping[IPFamily, str]
-    clients: Mapping[IPFamily, tuple[str, ...]]
-    pods: Mapping[str, str]
-    """Pod name by address."""
-    gateways: frozenset[str]
-    """What a masqueraded source looks like to a pod."""
-
-
-@dataclass(frozen=True)
-class Check:
-    """One path: `count` attempts from `src` (in the client) to addr:port."""
-
-    proto: str
-    addr: str
-    port: int
-    src: str
-    note: str = ""
-    """Why it should fail, when the service says so (shown if it does)."""
-
-    @property
-    def target(self) -> str:
-        return f"[{self.addr}]:{self.port}" if ":" in self.addr else f"{self.addr}:{self.port}"
-
-
-@dataclass(frozen=True)
-class HealthCheck:
-    """GET / on a healthCheckNodePort of the node, from the client."""
-
-    addr: str
-    port: int
-
-
-@dataclass(frozen=True)
-class Block:
-    """One service port: a heading and its paths."""
-
-    name: str
-    kind: str
-    """e.g. "ClusterIP, TCP 80"."""
-    details: tuple[str, ...]
-    """What else shapes its paths: node port, LB, policies, affinity, ranges."""
-    endpoints: str
-    checks: tuple[Check, ...]
-    health: HealthCheck | None = None
-
-
-def plan(cluster: Cluster, sandbox: Addresses) -> list[Block]:
-    """Every path worth trying for every service port in `cluster` (pure)."""
-    endpoints = _endpoints(cluster)
-    blocks: list[Block] = []
-    for _key, svc in sorted(cluster.services.items()):
-        ports: dict[ServicePortName, list[ServicePort]] = {}
-        for family in IPFamily:
-            found, _problems = convert.service_ports(svc, family)
-            for spn, sp in found.items():
-                ports.setdefault(spn, []).append(sp)
-        kind = str((svc.get("spec") or {}).get("type") or "ClusterIP")
-        for spn, sps in sorted(ports.items(), key=lambda item: str(item[0])):
-            eps = endpoints.get(spn, [])
-            checks = [c for sp in sps for c in _checks(sp, eps, sandbox)]
-            health = None
-            hc = next((sp.health_check_node_port for sp in sps if sp.health_check_node_port), 0)
-            if hc and IPFamily.IPV4 in sandbox.node:
-                health = HealthCheck(sandbox.node[IPFamily.IPV4], hc)
-            heading, details = _summary(kind, sps)
-            blocks.append(
-                Block(str(spn), heading, details, _endpoint_text(eps, sandbox),
-                      tuple(checks), health)
-            )
-    return blocks
-
-
-def _endpoints(cluster: Cluster) -> dict[ServicePortName, list[Endpoint]]:
-    out: dict[ServicePortName, list[Endpoint]] = {}
-    for _key, obj in sorted(cluster.slices.items()):
-        info, _problems = convert.slice_info(obj, cluster.node_name)
-        if info is None:
-            continue
-        for spn, eps in info.ports.items():
-            out.setdefault(spn, []).extend(eps)
-    return out
-
-
-def _checks(sp: ServicePort, eps: Sequence[Endpoint], sandbox: Addresses) -> Iterator[Check]:
-    proto = sp.protocol.value.lower()
-    clients = sandbox.clients.get(sp.family, ())
-    if not clients:
-        return
-    client = clients[0]
-    serving = [e for e in eps if e.serving]
-    none = "the service has no endpoints" if not serving else ""
-    no_local = none
-    local_policy = sp.external_traffic_policy is TrafficPolicy.LOCAL
-    if not none and local_policy and not any(e.is_local for e in serving):
-        no_local = "no endpoint on this node (externalTrafficPolicy Local)"
-    yield Check(proto, sp.cluster_ip, sp.port, client, none)
-    ranges = [ipaddress.ip_network(r, strict=False) for r in sp.load_balancer_source_ranges]
-    for vip in sp.load_balancer_vips:
-        if not ranges:
-            yield Check(proto, vip, sp.port, client, no_local)
-            continue
-        for src in clients:
-            if any(ipaddress.ip_address(src) in r for r in ranges):
-                yield Check(proto, vip, sp.port, src, no_local)
-            else:
-                yield Check(proto, vip, sp.port, src, "source outside loadBalancerSourceRanges")
-    for ip in sp.external_ips:
-        yield Check(proto, ip, sp.port, client, no_local)
-    node = sandbox.node.get(sp.family)
-    if sp.node_port and node:
-        yield Check(proto, node, sp.node_port, client, no_local)
-
-
-def _summary(kind: str, sps: Sequence[ServicePort]) -> tuple[str, tuple[str, ...]]:
-    """("LoadBalancer, TCP 80", ("nodePort 30081", ...)): the kind, then what shapes paths."""
-    sp = sps[0]
-    parts = []
-    if sp.node_port:
-        parts.append(f"nodePort {sp.node_port}")
-    lbs = [ip for p in sps for ip in p.load_balancer_vips]
-    if lbs:
-        parts.append(f"LB {', '.join(lbs)}")
-    ext = [ip for p in sps for ip in p.external_ips]
-    if ext:
-        parts.append(f"externalIPs {', '.join(ext)}")
-    if sp.externally_accessible and sp.external_traffic_policy is TrafficPolicy.LOCAL:
-        parts.append("externalTrafficPolicy Local")
-    if sp.internal_traffic_policy is TrafficPolicy.LOCAL:
-        parts.append("internalTrafficPolicy Local")
-    if sp.affinity:
-        parts.append(f"sessionAffinity ClientIP ({sp.affinity_timeout}s)")
-    ranges = [r for p in sps for r in p.load_balancer_source_ranges]
-    if ranges:
-        parts.append(f"loadBalancerSourceRanges {', '.join(ranges)}")
-    if sp.health_check_node_port:
-        parts.append(f"healthCheckNodePort {sp.health_check_node_port}")
-    return f"{kind}, {sp.protocol.value} {sp.port}", tuple(parts)
-
-
-def _endpoint_text(eps: Sequence[Endpoint], sandbox: Addresses) -> str:
-    if not eps:
-        return "endpoints: none"
-    seen: dict[str, str] = {}
-    for e in sorted(eps, key=lambda e: (sandbox.pods.get(e.ip, e.ip), e.ip)):
-        name = sandbox.pods.get(e.ip)
-        label = name or f"{e.address} (no such pod in the sandbox)"
-        state = "ready" if e.ready else "terminating" if e.serving else "not serving"
-        where = "" if e.is_local else f" on {e.node_name or '?'}"
-        seen.setdefault(label, f"{label} {state}{where}")
-    return "endpoints: " + ", ".join(seen.values())
-
-
 # --- sending traffic ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Result:
-    """What one path did: the attempts (first and more), or why none ran."""
-
-    check: Check
-    attempts: tuple[Attempt, ...] = ()
-    skipped: str = ""
 
 
 def run_checks(
@@ -466,93 +212,6 @@ def _error_text(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-# --- describing -------------------------------------------------------------------------
-
-
-def describe(result: Result, sandbox: Addresses) -> tuple[str, str]:
-    """(outcome, source): e.g. ("web-0: 11  web-2: 9", "masqueraded (10.244.0.1)")
-    or ("refused in 1 ms x3 (reject)", "")."""
-    if result.skipped and not result.attempts:
-        return result.skipped, ""
-    attempts = result.attempts
-    answered = [a for a in attempts if a.ok]
-    failed = Counter(a.error or "?" for a in attempts if not a.ok)
-    if answered:
-        pods = Counter(a.pod or "?" for a in answered)
-        text = "  ".join(f"{pod}: {n}" for pod, n in sorted(pods.items()))
-        if failed:
-            text += "  + " + ", ".join(f"{n} {kind}" for kind, n in sorted(failed.items()))
-        return text, _source_text(answered, result.check.src, sandbox)
-    kind, n = failed.most_common(1)[0]
-    ms = statistics.median(a.seconds for a in attempts if a.error == kind) * 1000
-    took = f"{ms:.0f} ms" if ms >= 1 else "< 1 ms"
-    text = {
-        "refused": f"refused in {took} x{n} (reject)",
-        "timeout": f"no answer in {ms / 1000:.1f} s x{n} (drop)",
-        "unreachable": f"unreachable x{n} (ICMP)",
-        "reset": f"reset x{n}",
-        "closed": f"closed without an answer x{n}",
-    }.get(kind, f"{kind} x{n}")
-    if len(failed) > 1:
-        text += " + " + ", ".join(f"{m} {k}" for k, m in sorted(failed.items()) if k != kind)
-    return text, result.check.note
-
-
-def _source_text(answered: Sequence[Attempt], src: str, sandbox: Addresses) -> str:
-    parts = []
-    for peer in sorted({a.peer or "?" for a in answered}):
-        if peer == src:
-            parts.append(f"preserved ({peer})")
-        elif peer in sandbox.gateways:
-            parts.append(f"masqueraded ({peer})")
-        else:
-            parts.append(f"seen as {peer}")
-    return ", ".join(parts)
-
-
-def render(blocks: Sequence[Block], results: Mapping[Check, Result],
-           health: Mapping[HealthCheck, str], sandbox: Addresses) -> str:
-    """The traffic report: per service port a heading, then one row per path."""
-    rows: list[tuple[int, tuple[str, str, str]]] = []
-    for i, block in enumerate(blocks):
-        for check in block.checks:
-            outcome, source = describe(results[check], sandbox)
-            path = f"{check.src} -> {check.target}"
-            if check.proto != "tcp":
-                path += f" {check.proto}"
-            rows.append((i, (path, outcome, source)))
-        if block.health is not None:
-            h = block.health
-            rows.append((i, (f"health check http://{h.addr}:{h.port}/", health[h], "")))
-    head = ("FROM -> TO", "RESULT (who answered: how often)", "SOURCE THE POD SAW / WHY")
-    widths = [max(len(r[c]) for r in [head, *(row for _, row in rows)]) for c in range(3)]
-
-    def line(cells: tuple[str, str, str]) -> str:
-        return "    " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
-
-    out = [line(head)]
-    for i, block in enumerate(blocks):
-        out += ["", f"  {block.name}  {block.kind}"]
-        out += _pack(block.details, "; ")
-        out += _pack(block.endpoints.split(", "), ", ")
-        out += [line(row) for j, row in rows if j == i]
-    return "\n".join(out)
-
-
-def _pack(parts: Sequence[str], sep: str) -> list[str]:
-    """`parts` joined by `sep` on lines of at most _WIDTH where possible,
-    never breaking a part; continuation lines indented further."""
-    lines: list[str] = []
-    for part in parts:
-        if lines and len(lines[-1]) + len(sep) + len(part) <= _WIDTH:
-            lines[-1] += sep + part
-        else:
-            if lines:
-                lines[-1] += sep.rstrip()
-            lines.append(("      " if lines else "    ") + part)
-    return lines
-
-
 # --- the demo ---------------------------------------------------------------------------
 
 
@@ -598,11 +257,7 @@ def _conntrack(node: str) -> ConntrackEdge | None:
 
 
 def _pending(agent: Agent) -> int:
-    try:
-        states = [agent.proxier.proxy_state(f) for f in IPFamily]
-        return sum(s.pending_service_changes + s.pending_endpoint_changes for s in states)
-    except RuntimeError:  # a tracker changed while counted: still busy
-        return 1
+    return sum(agent.proxier.pending_changes())
 
 
 def _sync_text(report: SyncReport | None) -> str:
@@ -622,13 +277,13 @@ class _Demo:
         self.out = out
         self.stop = stop
         self.syncs = _Syncs()
-        self.recorder: _Recorder | None = None
+        self.recorder: Recorder | None = None
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
 
     def source_factory(self, handler: ClusterEvents) -> Source:
-        self.recorder = _Recorder(handler, lambda: self.syncs.snapshot()[0])
+        self.recorder = Recorder(handler, stamp=lambda: self.syncs.snapshot()[0])
         return WatchedFiles(FileSource([self.path], self.recorder,
                                        node_name=self.config.node_name))
 
@@ -642,8 +297,8 @@ class _Demo:
             backend=NftBackend(netns=topo.node),
             source_factory=self.source_factory,
             conntrack=_conntrack(topo.node),
+            hooks=[self.syncs],
         )
-        agent.proxier.hooks.append(self.syncs)
         stack.callback(agent.stop)
         # Threads inherit the namespace of the thread that starts them: the
         # runner, the health and metrics servers all live in the node.
@@ -686,7 +341,7 @@ class _Demo:
         """Print one traffic report; False if stopped meanwhile."""
         assert self.recorder is not None
         sandbox = _addresses(topo)
-        blocks = plan(self.recorder.cluster(self.config.node_name), sandbox)
+        blocks = plan(_cluster(self.recorder, self.config.node_name), sandbox)
         results, health = run_checks(topo, blocks, self.stop)
         if self.stop.is_set():
             return False
@@ -734,10 +389,15 @@ class _Demo:
 def load_cluster(path: Path, node_name: str = "") -> Cluster:
     """The objects of one cluster file, for `node_name` (default: the file's
     only Node). SourceError if the file is missing or malformed."""
-    recorder = _Recorder()
+    recorder = Recorder()
     source = FileSource([path], recorder, node_name=node_name)
     source.load()
-    return recorder.cluster(node_name or source.chosen_node_name)
+    return _cluster(recorder, node_name or source.chosen_node_name)
+
+
+def _cluster(recorder: Recorder, node_name: str) -> Cluster:
+    recorded = recorder.snapshot()
+    return Cluster(recorded.services, recorded.slices, node_name)
 
 
 def _silence(out: TextIO) -> None:

@@ -1,8 +1,9 @@
 """Errors raised by the nftables backend, typed by what the caller does next.
 
 Layer: nft (pure; no kernel access). One job: turn libnftables' error text
-into one exception type per caller decision. Raised by nft.backend (the real
-kernel and FakeBackend alike); caught by the proxier.
+into one exception type per caller decision. Raised by every `Backend`
+(nft/seam.py: kernel/libnftables.py and kernel/fake.py alike); caught by the
+proxier.
 
 Exception tree::
 

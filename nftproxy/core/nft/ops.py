@@ -52,9 +52,6 @@ class Table:
     def add_table(self) -> Json:
         return {"add": {"table": {"family": self.family, "name": self.name}}}
 
-    def delete_table(self) -> Json:
-        return {"delete": {"table": {"family": self.family, "name": self.name}}}
-
     def add_chain(self, chain: Chain | CompactChain) -> Json:
         fields = self._obj(name=_check_name(chain.name))
         if chain.hook is not None:

@@ -3,7 +3,7 @@
 Layer: nft (pure; no kernel access). One job: diff. `TableState` is the
 in-memory record of what the last successful commit put in one family's
 table. `stage_partial` (changed owners only), `stage_full` (everything,
-against a listing of what the kernel holds) and `stage_gc` (deferred deletes)
+against a `TableListing` of what the kernel holds) and `stage_gc` (deferred deletes)
 return a `Staged` value: the commands, and a `commit()` that records them in
 the state once the kernel has accepted them. Nothing is recorded for a
 transaction the kernel refused, so a failed commit leaves the state as it was.
@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nftproxy.core.model import IPFamily, ServicePortName
+from nftproxy.core.nft.listing import ListedSet, TableListing
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.rules.fragment import (
-    BaseHook,
     Chain,
     CompactChain,
     CompactFragment,
@@ -46,8 +46,6 @@ from nftproxy.core.rules.fragment import (
 __all__ = [
     "SKELETON",
     "ElementIndex",
-    "KernelSet",
-    "KernelTable",
     "Owner",
     "Staged",
     "TableState",
@@ -61,26 +59,7 @@ Owner = ServicePortName | str
 ElemId = tuple[str, Key]
 
 
-@dataclass(frozen=True, slots=True)
-class KernelSet:
-    name: str
-    type: tuple[str, ...]
-    map: str | None = None
-    flags: tuple[str, ...] = ()
-    timeout: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class KernelTable:
-    """What a listing of one of our tables shows: chain names (with the hook
-    of base chains) and set/map declarations. Rules and elements are not
-    needed: a full sync flushes and rewrites them."""
-
-    chains: Mapping[str, BaseHook | None]
-    sets: Mapping[str, KernelSet]
-
-
-def _same_declaration(decl: SetDecl, ks: KernelSet) -> bool:
+def _same_declaration(decl: SetDecl, ks: ListedSet) -> bool:
     flags = {f for f in decl.flags if f != "dynamic"}
     kflags = {f for f in ks.flags if f != "dynamic"}
     return (decl.type, decl.map, flags, decl.timeout) == (ks.type, ks.map, kflags, ks.timeout)
@@ -337,7 +316,7 @@ def stage_partial(
 def _full_sets(
     b: _Batch,
     t: Table,
-    kernel: KernelTable,
+    kernel: TableListing,
     desired: Mapping[str, SetDecl],
     stale_sets: dict[str, bool],
     defer: bool,
@@ -354,8 +333,9 @@ def _full_sets(
             b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
         elif decl.dynamic:
             # Keep it untouched, with its clients: re-adding it would fail with
-            # EEXIST, since the kernel made it "dynamic" when the update rule
-            # was added and 1.0.6 JSON cannot say "dynamic" (nft-python-notes §2).
+            # EEXIST. It was created in one transaction with its update rule,
+            # so libnftables 1.0.6 made it "dynamic", which a plain JSON `add
+            # set` cannot say (nft-python-notes §2; kernel/fake.py models it).
             kept.add(name)
         else:
             b.flush.append(t.flush_set(decl))
@@ -367,7 +347,7 @@ def _full_sets(
 def _full_chains(
     b: _Batch,
     t: Table,
-    kernel: KernelTable,
+    kernel: TableListing,
     desired: Mapping[str, Chain | CompactChain],
     stale: set[str],
     defer: bool,
@@ -385,7 +365,7 @@ def _full_chains(
 
 def stage_full(
     state: TableState,
-    kernel: KernelTable | None,
+    kernel: TableListing | None,
     desired: Mapping[Owner, Fragment | CompactFragment],
     *,
     defer_deletes: bool = False,
@@ -395,7 +375,7 @@ def stage_full(
     fresh = TableState(state.family, state.table)
     for owner, fragment in desired.items():
         fresh.adopt(owner, fragment)
-    kernel = kernel or KernelTable({}, {})
+    kernel = kernel or TableListing({}, {})
     t, b = state.table, _Batch(head=[state.table.add_table()])
     # Rules are emitted from the rendered chains (no JSON round trip).
     chains = {c.name: c for f in desired.values() for c in f.chains}

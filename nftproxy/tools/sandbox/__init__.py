@@ -6,6 +6,7 @@ One job per module:
 - `topology`: build and always remove the namespaces -- a node (forwarding,
   where nftproxy's tables go), pods wired to it by veth with host routes (or
   a bridge), and an external client with several source addresses;
+- `addresses`: the address plan those use, and the Spec/Pod values;
 - `backends`: the tiny server each pod runs (`python -m
   nftproxy.tools.sandbox.backends`): every TCP connection, UDP datagram or SCTP
   association is answered with "<pod> peer=<ip>:<port>", so a test sees which

@@ -55,12 +55,11 @@ from dataclasses import dataclass
 
 from nftproxy.kernel import netns
 from nftproxy.tools.sandbox import probe as _probe
+from nftproxy.tools.sandbox.addresses import Pod, Spec
 from nftproxy.tools.sandbox.topology import (
     COMMON_SYSCTLS,
     NODE_SYSCTLS,
     Namespaces,
-    Pod,
-    Spec,
     TopologyError,
     ip_batch,
     new_namespace,

@@ -1,0 +1,451 @@
+"""One informer: list, then watch, one API resource as raw JSON, and deliver every change.
+
+Layer: sources (edge: the network, through the official `kubernetes`
+client; imports cluster.events only). One job: keep one resource's objects
+in a store and hand each change to a `Deliver` callback, the way client-go's
+informers do, but over raw JSON. Caller: cluster/kube.py (`KubeSource` runs
+one `Informer` per resource, each in its own thread).
+
+The loop, over raw JSON: paged list (limit 500,
+`continue`) -> watch from the list's resourceVersion with bookmarks and a
+random server timeout of 300-600 s, a client read timeout 30 s above it ->
+when the stream ends, watch again from the last resourceVersion seen
+(objects and bookmarks) -> on 410 Gone (an ERROR event with code 410, or an
+HTTP 410), list again and deliver the difference: deletes, adds, and
+updates only for objects that really changed. Connection and server errors
+back off exponentially (0.8 s doubling to 30 s, jittered down to half);
+only 410 re-lists.
+
+Why raw JSON, not the client's models or `watch.Watch` (measured on
+kubernetes 37.0.2, shared/docs/nft-python-notes.md section 5): the pydantic
+models cost 8-10x the time and 2-3.5x the memory of `json.loads`;
+`Watch(deserialize=False)` never advances its resourceVersion and raises
+KeyError on ERROR events; `Watch()` retries a 410 with the same
+resourceVersion; `SharedInformer` sends no bookmarks, has no read timeout
+and re-delivers every object after a re-list. So calls pass
+`_preload_content=False` and get the urllib3 response (unchanged from 36 to
+37), and this module parses the newline-delimited events itself.
+
+Delivered objects are stripped to what the proxier reads (`strip_object`):
+metadata keeps name, namespace, uid, labels, deletionTimestamp and only the
+`endpoints.kubernetes.io/last-change-trigger-time` annotation (no
+managedFields, no resourceVersion); status is dropped except Service
+`status.loadBalancer` and Node `status.addresses`. So a status heartbeat or
+a label-free metadata touch is not delivered as an update. `previous` in
+on_service/on_endpoint_slice is always the object this source delivered
+last for that key.
+
+Known limits: a list or watch request that has not yet received its
+response headers cannot be interrupted by `abort()` (the bounded connect and
+read timeouts apply); there is no periodic re-list (the proxier's full sync
+plays that role); the watch-list mode (`sendInitialEvents`) is not used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from nftproxy.cluster.events import Obj
+
+__all__ = [
+    "Change",
+    "Deliver",
+    "Informer",
+    "Resource",
+    "ResourceStats",
+    "Sleep",
+    "strip_object",
+]
+
+_TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
+_KEPT_ANNOTATIONS = frozenset({_TRIGGER_TIME})
+_KEPT_METADATA = ("name", "namespace", "uid", "labels", "deletionTimestamp")
+
+_PAGE_SIZE = 500
+_WATCH_TIMEOUT = (300, 600)  # server-side timeoutSeconds, drawn uniformly per watch
+_READ_MARGIN = 30.0  # the client read timeout exceeds the server's timeout by this
+_CONNECT_TIMEOUT = 10.0
+_LIST_READ_TIMEOUT = 60.0
+_SHORT_WATCH = 1.0  # a watch ending sooner than this without events counts as failing
+_BACKOFF_RESET = 120.0  # a failure this long after the previous one starts over (client-go)
+
+
+# -- stripping ------------------------------------------------------------------------
+
+
+def strip_object(kind: str, obj: Mapping[str, Any], api_version: str = "") -> dict[str, Any]:
+    """The parts of an API object the proxier needs, with kind/apiVersion set.
+
+    Keeps top-level fields other than metadata and status (spec, or an
+    EndpointSlice's addressType/endpoints/ports); metadata name, namespace,
+    uid, labels, deletionTimestamp and the trigger-time annotation; status
+    only for Service (loadBalancer) and Node (addresses).
+    """
+    out: dict[str, Any] = {
+        k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")
+    }
+    out["kind"] = kind
+    out["apiVersion"] = api_version or str(obj.get("apiVersion", ""))
+    meta = obj.get("metadata") or {}
+    kept = {k: meta[k] for k in _KEPT_METADATA if meta.get(k) is not None}
+    annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k in _KEPT_ANNOTATIONS
+    }
+    if annotations:
+        kept["annotations"] = annotations
+    out["metadata"] = kept
+    status = obj.get("status") or {}
+    keep = {"Service": "loadBalancer", "Node": "addresses"}.get(kind)
+    if keep is not None and keep in status:
+        out["status"] = {keep: status[keep]}
+    return out
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+# -- counters -------------------------------------------------------------------------
+
+
+@dataclass
+class ResourceStats:
+    """Counters of one informer, for metrics (written by its thread only)."""
+
+    resource: str
+    lists: int = 0  # complete lists (all pages)
+    relists: int = 0  # lists caused by 410 Gone
+    watches: int = 0  # watch requests answered
+    events: int = 0  # ADDED/MODIFIED/DELETED events received
+    bookmarks: int = 0
+    errors: int = 0  # failed requests and broken streams (each one backs off)
+    handler_errors: int = 0  # exceptions raised by the ClusterEvents handler
+    objects: int = 0  # objects held now
+    resource_version: str = ""  # last resourceVersion seen
+    synced: bool = False  # the first list is complete
+    served: bool = True  # False while the server answers 404 (ServiceCIDRs)
+
+
+# -- what an informer is given --------------------------------------------------------
+
+
+Change = tuple[Obj | None, Obj | None]
+Sleep = Callable[[float], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    name: str  # plural, as in RBAC
+    kind: str
+    api_version: str
+    list_fn: Callable[[Any], Callable[..., Any]]  # ApiClient -> bound list method
+    label_selector: str | None = None
+    field_selector: str | None = None
+    optional: bool = False  # 404 means "not served", not an error
+
+
+class Deliver(Protocol):
+    def __call__(self, changes: Sequence[Change], store: Mapping[str, Obj], first: bool) -> None:
+        ...
+
+
+# -- one informer ---------------------------------------------------------------------
+
+
+class _Gone(Exception):
+    """410: the resourceVersion is too old; list again."""
+
+
+class _WatchError(Exception):
+    """An ERROR event other than 410, or a malformed event."""
+
+
+class _Stopped(Exception):
+    pass
+
+
+_RETRYABLE = (urllib3.exceptions.HTTPError, OSError, ValueError, _WatchError)
+
+
+class Informer:
+    """List, then watch, one resource into `store`; deliver every change."""
+
+    def __init__(
+        self,
+        res: Resource,
+        api_client: Any,
+        deliver: Deliver,
+        *,
+        stopping: threading.Event,
+        sleep: Sleep,
+        clock: Callable[[], float],
+        random: Callable[[], float],
+        backoff: tuple[float, float],
+        not_served_retry: float,
+        log: logging.Logger,
+    ) -> None:
+        self.res = res
+        self.api_client = api_client
+        self.deliver = deliver
+        self.stopping = stopping
+        self.sleep = sleep
+        self.clock = clock
+        self.random = random
+        self.backoff_initial, self.backoff_max = backoff
+        self.not_served_retry = not_served_retry
+        self.log = log
+        self.stats = ResourceStats(res.name)
+        self.store: dict[str, Obj] = {}
+        self._lock = threading.Lock()
+        self._response: Any = None
+        self._failures = 0  # consecutive, for the backoff
+        self._last_failure = float("-inf")
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        need_list = True
+        while not self.stopping.is_set():
+            delay = 0.0
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                if not self._watch():
+                    delay = self._backoff()
+            except _Stopped:
+                break
+            except _Gone as exc:
+                if self.stopping.is_set():
+                    break
+                self.log.info("%s: %s; listing again", self.res.name, exc)
+                self.stats.relists += 1
+                need_list = True
+                # the first 410 after progress re-lists at once; a 410 loop backs off
+                if self._failures:
+                    delay = self._backoff()
+                else:
+                    self._failures, self._last_failure = 1, self.clock()
+            except ApiException as exc:
+                if self.stopping.is_set():
+                    break
+                if exc.status in (403, 404) and self.res.optional:
+                    delay = self._not_served(exc.status)
+                    need_list = True
+                else:
+                    delay = self._error(f"HTTP {exc.status} {exc.reason}")
+            except _RETRYABLE as exc:
+                if self.stopping.is_set():
+                    break
+                delay = self._error(f"{type(exc).__name__}: {exc}")
+            except Exception:  # a bug; keep the informer alive
+                if self.stopping.is_set():
+                    break
+                self.log.exception("%s: informer failed", self.res.name)
+                delay = self._error("unexpected error")
+            if delay > 0 and not self.stopping.is_set():
+                self.sleep(delay)
+
+    def _error(self, what: str) -> float:
+        self.stats.errors += 1
+        delay = self._backoff()
+        self.log.warning("%s: %s; retrying in %.1fs", self.res.name, what, delay)
+        return delay
+
+    def _backoff(self) -> float:
+        """Between half and all of min(max, initial * 2**n): the jitter stays at
+        the cap, so nodes do not retry in step after an outage. n counts
+        failures since the last event, or since a quiet _BACKOFF_RESET."""
+        now = self.clock()
+        if now - self._last_failure >= _BACKOFF_RESET:
+            self._failures = 0
+        self._last_failure = now
+        base = min(self.backoff_max, self.backoff_initial * 2.0 ** min(self._failures, 30))
+        self._failures += 1
+        return base * (1.0 - 0.5 * self.random())
+
+    def _not_served(self, status: int) -> float:
+        """404 (or 403) for an optional resource: forget it, ask again rarely."""
+        if self.stats.served:
+            why = "not served by the API server" if status == 404 else "forbidden (RBAC)"
+            log = self.log.info if status == 404 else self.log.warning
+            log("%s: %s; checking again every %.0fs", self.res.name, why, self.not_served_retry)
+        self.stats.served = False
+        if self.store:  # it was served before: its objects are gone
+            changes: list[Change] = [(o, None) for o in self.store.values()]
+            self.store = {}
+            self.stats.objects = 0
+            self._deliver(changes, first=False)
+        return self.not_served_retry * (1.0 + 0.1 * self.random())
+
+    # -- list ---------------------------------------------------------------------------
+
+    def _list(self) -> None:
+        res = self.res
+        fn = res.list_fn(self.api_client)
+        fresh: dict[str, Obj] = {}
+        cont: str | None = None
+        while True:
+            response = fn(
+                limit=_PAGE_SIZE,
+                _continue=cont,
+                label_selector=res.label_selector,
+                field_selector=res.field_selector,
+                _preload_content=False,
+                _request_timeout=(_CONNECT_TIMEOUT, _LIST_READ_TIMEOUT),
+            )
+            with self._tracking(response):
+                body = json.loads(response.data)
+            for item in body.get("items") or ():
+                obj = strip_object(res.kind, item, res.api_version)
+                fresh[_key(obj)] = obj
+            meta = body.get("metadata") or {}
+            cont = meta.get("continue") or None
+            if cont is None:
+                rv = str(meta.get("resourceVersion") or "")
+                break
+        self.stats.lists += 1
+        if not self.stats.served:
+            self.log.info("%s: served again", res.name)
+            self.stats.served = True
+        old, self.store = self.store, fresh
+        self.stats.objects = len(fresh)
+        self.stats.resource_version = rv
+        changes: list[Change] = [(o, None) for k, o in old.items() if k not in fresh]
+        changes += [(old.get(k), o) for k, o in fresh.items() if old.get(k) != o]
+        first = not self.stats.synced
+        self.stats.synced = True
+        self._deliver(changes, first=first)
+
+    # -- watch --------------------------------------------------------------------------
+
+    def _watch(self) -> bool:
+        """One watch request, to its end; False if it should count as a failure
+        (ended at once with no event)."""
+        res = self.res
+        timeout = int(_WATCH_TIMEOUT[0] + (_WATCH_TIMEOUT[1] - _WATCH_TIMEOUT[0]) * self.random())
+        try:
+            response = res.list_fn(self.api_client)(
+                watch=True,
+                resource_version=self.stats.resource_version or None,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout,
+                label_selector=res.label_selector,
+                field_selector=res.field_selector,
+                _preload_content=False,
+                _request_timeout=(_CONNECT_TIMEOUT, timeout + _READ_MARGIN),
+            )
+        except ApiException as exc:
+            if exc.status == 410:  # servers before the ERROR-event convention
+                raise _Gone(f"watch expired (HTTP 410 {exc.reason})") from exc
+            raise
+        self.stats.watches += 1
+        started = self.clock()
+        received = 0
+        with self._tracking(response):
+            pending = b""
+            for chunk in response.stream(None, decode_content=True):
+                if self.stopping.is_set():
+                    raise _Stopped
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self._on_event(json.loads(line))
+                        received += 1
+                        self._failures = 0
+        return received > 0 or self.clock() - started >= _SHORT_WATCH
+
+    def _on_event(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code, message = obj.get("code"), obj.get("message", "")
+            if code == 410:
+                raise _Gone(f"watch expired (410 {obj.get('reason', '')}: {message})")
+            raise _WatchError(f"watch ERROR {code} {obj.get('reason', '')}: {message}")
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if kind == "BOOKMARK":
+            self.stats.bookmarks += 1
+        elif kind in ("ADDED", "MODIFIED", "DELETED"):
+            self.stats.events += 1
+            self._apply(kind, obj)
+        else:
+            raise _WatchError(f"unknown watch event type {kind!r}")
+        if rv:
+            self.stats.resource_version = rv
+
+    def _apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        current = strip_object(self.res.kind, obj, self.res.api_version)
+        key = _key(current)
+        previous = self.store.get(key)
+        if kind == "DELETED":
+            if previous is None:
+                return
+            del self.store[key]
+            change: Change = (previous, None)
+        else:
+            if previous == current:
+                return  # only stripped fields changed (status, managedFields, ...)
+            self.store[key] = current
+            change = (previous, current)
+        self.stats.objects = len(self.store)
+        self._deliver([change], first=False)
+
+    def _deliver(self, changes: Sequence[Change], *, first: bool) -> None:
+        try:
+            self.deliver(changes, self.store, first)
+        except Exception:
+            self.stats.handler_errors += 1
+            self.log.exception("%s: the event handler failed", self.res.name)
+
+    # -- stopping -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _tracking(self, response: Any) -> Iterator[None]:
+        """Make `response` abortable by stop(); afterwards release (or, if not
+        read to the end, close) its connection."""
+        with self._lock:
+            if self.stopping.is_set():
+                response.close()
+                response.release_conn()
+                raise _Stopped
+            self._response = response
+        clean = False
+        try:
+            yield
+            clean = True
+        finally:
+            with self._lock:
+                self._response = None
+            if not clean:
+                response.close()
+            response.release_conn()
+
+    def abort(self) -> None:
+        """From another thread: make a read blocked on the open response return."""
+        with self._lock:
+            response = self._response
+        if response is None:
+            return
+        try:
+            response.shutdown()  # urllib3 >= 2.3: thread-safe SHUT_RD
+            return
+        except (AttributeError, ValueError, RuntimeError, OSError):
+            pass
+        sock = getattr(getattr(response, "connection", None), "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,94 @@
+"""One family's desired table, or the changed part of it, from a state snapshot.
+
+Layer: core, above rules and nft (pure). One job: the render step of a sync. Given the service
+and endpoints maps of one family (a `StateSnapshot`), the node and the
+config, render the skeleton plus one fragment per service port (full), or
+only the fragments of the service ports a sync updated (partial; None for a
+port that is gone). Alongside, per rendered port, whether its internal and
+external traffic policies left it without a local endpoint (the
+sync_proxy_rules_no_local_endpoints_total gauge): a value, kept by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import IPFamily, NodeInfo, ServicePortName, family_of
+from nftproxy.core.nft.plan import SKELETON, Owner
+from nftproxy.core.rules.detect import local_detector
+from nftproxy.core.rules.fragment import Fragment
+from nftproxy.core.rules.service import RenderContext, render_service_port
+from nftproxy.core.rules.skeleton import render_skeleton
+from nftproxy.core.tracker import StateSnapshot
+
+__all__ = ["NoLocal", "RenderedFamily", "render_changed", "render_full"]
+
+NoLocal = tuple[bool, bool]
+"""(internal, external) traffic policy Local left without a local endpoint."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedFamily:
+    """The render step's output for one family.
+
+    fragments: full -- every owner's fragment; partial -- each updated port's
+        fragment, None where the port is gone.
+    no_local: per rendered port its NoLocal, None where the port is gone.
+    """
+
+    family: IPFamily
+    full: bool
+    fragments: Mapping[Owner, Fragment | None] = field(default_factory=dict)
+    no_local: Mapping[ServicePortName, NoLocal | None] = field(default_factory=dict)
+
+    def desired(self) -> dict[Owner, Fragment]:
+        """A full render's fragments (none is None)."""
+        return {owner: f for owner, f in self.fragments.items() if f is not None}
+
+
+def _context(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> RenderContext:
+    return RenderContext(family, config, node, local_detector(family, config, node))
+
+
+def _render_ports(
+    state: StateSnapshot, ctx: RenderContext, ports: Iterable[ServicePortName]
+) -> tuple[dict[Owner, Fragment | None], dict[ServicePortName, NoLocal | None]]:
+    fragments: dict[Owner, Fragment | None] = {}
+    no_local: dict[ServicePortName, NoLocal | None] = {}
+    for spn in ports:
+        port = state.services.get(spn)
+        if port is None:
+            fragments[spn], no_local[spn] = None, None
+            continue
+        rendered = render_service_port(port, state.endpoints.get(spn, ()), ctx)
+        fragments[spn] = rendered.fragment
+        no_local[spn] = (rendered.internal_dropped, rendered.external_dropped)
+    return fragments, no_local
+
+
+def render_full(
+    state: StateSnapshot, config: ProxyConfig, node: NodeInfo, service_cidrs: Iterable[str]
+) -> RenderedFamily:
+    """The whole table of `state.family`: skeleton first, then every port."""
+    family = state.family
+    cidrs = tuple(c for c in service_cidrs if family_of(c) is family)
+    fragments: dict[Owner, Fragment | None] = {
+        SKELETON: render_skeleton(family, config, node, cidrs)
+    }
+    ports, no_local = _render_ports(state, _context(family, config, node), state.services)
+    fragments.update(ports)
+    return RenderedFamily(family, True, fragments, no_local)
+
+
+def render_changed(
+    state: StateSnapshot,
+    config: ProxyConfig,
+    node: NodeInfo,
+    updated: Iterable[ServicePortName],
+) -> RenderedFamily:
+    """The fragments of the `updated` ports only (sorted; None: gone)."""
+    ctx = _context(state.family, config, node)
+    fragments, no_local = _render_ports(state, ctx, sorted(updated))
+    return RenderedFamily(state.family, False, fragments, no_local)

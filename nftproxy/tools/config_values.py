@@ -1,0 +1,295 @@
+"""The vocabulary of nftproxy's settings: each one's normaliser and its names.
+
+Layer: tools (pure values and functions; imports the core's config, model
+and address). One job: say, for every ProxyConfig field, how a raw value
+(from YAML or from a flag) is checked and normalised, and what it is called
+in a KubeProxyConfiguration file and on the command line (`SETTINGS`,
+`CONNTRACK_SETTINGS`) -- so errors name the field path or the flag the value
+came from. Also Go durations (`parse_duration`). Callers: config_load.py
+(the file reader and build_config) and cli.py (duration flags).
+
+A normaliser takes (label, raw value) and returns the normalised value, or
+raises `ConfigError` whose message starts with the label
+(`nftables.masqueradeBit: 40 is not in 0..31`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from nftproxy.core.address import format_address, parse_address
+from nftproxy.core.config import PRIMARY, DetectLocalMode
+from nftproxy.core.model import IPFamily, family_of
+
+__all__ = [
+    "CONNTRACK_SETTINGS",
+    "SETTINGS",
+    "ConfigError",
+    "Normaliser",
+    "as_bool",
+    "as_ip",
+    "as_seconds",
+    "as_str",
+    "fail",
+    "parse_duration",
+]
+
+DEFAULT_HEALTHZ_PORT = 10256
+DEFAULT_METRICS_PORT = 10249
+
+
+class ConfigError(ValueError):
+    """An invalid setting; the message names the field path or flag."""
+
+
+# -- Go durations ---------------------------------------------------------------------
+
+_DURATION_UNITS: dict[str, float] = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,  # micro sign
+    "\u03bcs": 1e-6,  # greek mu
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile("(\\d+\\.?\\d*|\\.\\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration string (time.ParseDuration syntax).
+
+    >>> parse_duration("1m0s"), parse_duration("500ms"), parse_duration("1h30m")
+    (60.0, 0.5, 5400.0)
+    >>> parse_duration("0")
+    0.0
+    """
+    body = text.strip()
+    sign = 1.0
+    if body[:1] in ("+", "-"):
+        sign = -1.0 if body[0] == "-" else 1.0
+        body = body[1:]
+    if body == "0":
+        return 0.0
+    if not body:
+        raise ValueError(f"invalid duration {text!r}")
+    total = 0.0
+    pos = 0
+    while pos < len(body):
+        match = _DURATION_PART.match(body, pos)
+        if match is None:
+            hint = " (missing unit, e.g. \"30s\")" if body[pos:].replace(".", "").isdigit() else ""
+            raise ValueError(f"invalid duration {text!r}{hint}")
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    return sign * total
+
+
+# -- value normalisers: (label, raw value) -> normalised value, or ConfigError --------
+
+
+def fail(label: str, problem: str) -> ConfigError:
+    return ConfigError(f"{label}: {problem}")
+
+
+def as_str(label: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise fail(label, f"expected a string, got {value!r}")
+    return value.strip()
+
+
+def as_bool(label: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise fail(label, f"expected true or false, got {value!r}")
+    return value
+
+
+def _int(label: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise fail(label, f"expected an integer, got {value!r}")
+    return value
+
+
+def _list(label: str, value: Any) -> list[Any]:
+    if isinstance(value, str):
+        return [v for v in (p.strip() for p in value.split(",")) if v]
+    if not isinstance(value, list | tuple):
+        raise fail(label, f"expected a list, got {value!r}")
+    return list(value)
+
+
+def as_seconds(label: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise fail(label, f"expected a duration like \"30s\", got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        try:
+            seconds = parse_duration(as_str(label, value))
+        except ValueError as exc:
+            raise fail(label, str(exc)) from None
+    if seconds < 0:
+        raise fail(label, f"{value} is negative")
+    return seconds
+
+
+def as_ip(label: str, value: Any) -> str:
+    text = as_str(label, value)
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise fail(label, f"{text!r} is not an IP address") from None
+
+
+def _cidr(label: str, value: Any) -> str:
+    text = as_str(label, value)
+    try:
+        return str(ipaddress.ip_network(text, strict=False))
+    except ValueError:
+        raise fail(label, f"{text!r} is not a CIDR") from None
+
+
+def _one_per_family(label: str, values: Iterable[str], what: str) -> None:
+    seen: dict[IPFamily, str] = {}
+    for value in values:
+        family = family_of(value)
+        if family in seen:
+            raise fail(
+                label,
+                f"two {family.value} {what} ({seen[family]}, {value}); give at most one per family",
+            )
+        seen[family] = value
+
+
+def _cidr_list(label: str, value: Any) -> tuple[str, ...]:
+    cidrs = tuple(_cidr(label, v) for v in _list(label, value))
+    _one_per_family(label, cidrs, "CIDRs")
+    return cidrs
+
+
+def _node_ips(label: str, value: Any) -> tuple[str, ...]:
+    ips = tuple(as_ip(label, v) for v in _list(label, value))
+    _one_per_family(label, ips, "addresses")
+    return ips
+
+
+def _nodeport_addresses(label: str, value: Any) -> tuple[str, ...]:
+    items = [as_str(label, v) for v in _list(label, value)]
+    if PRIMARY in items:
+        if len(items) != 1:
+            raise fail(label, f"{PRIMARY!r} must be the only entry, got {items}")
+        return (PRIMARY,)
+    return tuple(_cidr(label, v) for v in items)
+
+
+def _detect_local_mode(label: str, value: Any) -> DetectLocalMode:
+    if isinstance(value, DetectLocalMode):
+        return value
+    text = as_str(label, value)
+    try:
+        return DetectLocalMode(text)
+    except ValueError:
+        choices = ", ".join(m.value for m in DetectLocalMode)
+        raise fail(label, f"{text!r} is not one of {choices}") from None
+
+
+def _masquerade_bit(label: str, value: Any) -> int:
+    bit = _int(label, value)
+    if not 0 <= bit <= 31:
+        raise fail(label, f"{bit} is not in 0..31")
+    return bit
+
+
+def _host_port(label: str, value: Any, default_port: int) -> str:
+    """`ip:port` / `[ip6]:port`; a bare IP gets `default_port`; "" stays "" (disabled)."""
+    text = as_str(label, value)
+    if not text:
+        return ""
+    try:
+        host, port = parse_address(
+            text, default_port=default_port, min_port=1, require_host=True
+        )
+    except ValueError as exc:
+        raise fail(label, str(exc)) from None
+    return format_address(host, port)
+
+
+def _node_name(label: str, value: Any) -> str:
+    return as_str(label, value).lower()
+
+
+def _table_name(label: str, value: Any) -> str:
+    text = as_str(label, value)
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,254}", text):
+        raise fail(label, f"{text!r} is not a valid nftables table name")
+    return text
+
+
+def _positive_seconds(label: str, value: Any) -> float:
+    seconds = as_seconds(label, value)
+    if seconds <= 0:
+        raise fail(label, "must be greater than 0")
+    return seconds
+
+
+def _conntrack_seconds(label: str, value: Any) -> int:
+    return int(as_seconds(label, value))  # truncated, as kube-proxy's Duration / time.Second
+
+
+def _non_negative_int(label: str, value: Any) -> int:
+    number = _int(label, value)
+    if number < 0:
+        raise fail(label, f"{number} is negative")
+    return number
+
+
+Normaliser = Callable[[str, Any], Any]
+
+# ProxyConfig field -> (normaliser, config file path, flag) -- the labels of errors
+# found by build_config, by where the value came from.
+SETTINGS: dict[str, tuple[Normaliser, str, str]] = {
+    "node_name": (_node_name, "hostnameOverride", "--node-name"),
+    "node_ips": (_node_ips, "bindAddress", "--node-ip"),
+    "cluster_cidrs": (_cidr_list, "clusterCIDR", "--cluster-cidr"),
+    "detect_local_mode": (_detect_local_mode, "detectLocalMode", "--detect-local-mode"),
+    "bridge_interface": (as_str, "detectLocal.bridgeInterface", "--pod-bridge-interface"),
+    "interface_name_prefix": (
+        as_str,
+        "detectLocal.interfaceNamePrefix",
+        "--pod-interface-name-prefix",
+    ),
+    "nodeport_addresses": (_nodeport_addresses, "nodePortAddresses", "--nodeport-addresses"),
+    "masquerade_all": (as_bool, "masqueradeAll", "--masquerade-all"),
+    "masquerade_bit": (_masquerade_bit, "nftables.masqueradeBit", "--masquerade-bit"),
+    "table_name": (_table_name, "tableName", "--table-name"),
+    "sync_period": (_positive_seconds, "syncPeriod", "--sync-period"),
+    "min_sync_period": (as_seconds, "minSyncPeriod", "--min-sync-period"),
+    "full_sync_period": (_positive_seconds, "fullSyncPeriod", "--full-sync-period"),
+    "healthz_bind_address": (
+        lambda label, v: _host_port(label, v, DEFAULT_HEALTHZ_PORT),
+        "healthzBindAddress",
+        "--healthz-bind-address",
+    ),
+    "metrics_bind_address": (
+        lambda label, v: _host_port(label, v, DEFAULT_METRICS_PORT),
+        "metricsBindAddress",
+        "--metrics-bind-address",
+    ),
+    "config_sync_period": (as_seconds, "configSyncPeriod", "--config-sync-period"),
+    "prefer_same_node": (as_bool, "preferSameNode", "--prefer-same-node"),
+}
+
+# ConntrackConfig field -> (normaliser, camelCase name in `conntrack:`)
+CONNTRACK_SETTINGS: dict[str, tuple[Normaliser, str]] = {
+    "max_per_core": (_non_negative_int, "maxPerCore"),
+    "min": (_non_negative_int, "min"),
+    "tcp_established_timeout": (_conntrack_seconds, "tcpEstablishedTimeout"),
+    "tcp_close_wait_timeout": (_conntrack_seconds, "tcpCloseWaitTimeout"),
+    "tcp_be_liberal": (as_bool, "tcpBeLiberal"),
+    "udp_timeout": (_conntrack_seconds, "udpTimeout"),
+    "udp_stream_timeout": (_conntrack_seconds, "udpStreamTimeout"),
+}

@@ -1,0 +1,423 @@
+"""The proxier's decisions, on FakeBackend and a fake clock (no root, no kernel).
+
+Aspects:
+- nothing is programmed before both initial lists; the first sync is full;
+- a change re-renders only what changed (partial); no change sends nothing;
+- a refused commit leaves the planner's state and the kernel untouched, and
+  the next sync is full and repairs;
+- EBUSY (kernels < 6.2 refuse to delete a chain whose map element goes in the
+  same transaction): the deletes are deferred, the chains left flushed, and
+  a later transaction deletes them;
+- the periodic full sync; a node or ServiceCIDR change makes the next sync
+  full, an identical node does not;
+- every invalid field is reported once, when its event arrives, and the
+  other services are programmed;
+- the SyncReport is made of values: later syncs do not change it;
+- hooks get the report, and a failing hook does not break syncing;
+- the heap policy brackets each build and hears of each commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+from feed import intake
+from k8s import endpoint_slice, node, service
+from kernel import canonical
+
+from nftproxy.agent.intake import Intake, InvalidField
+from nftproxy.agent.proxier import Proxier
+from nftproxy.agent.report import SyncReport
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import IPFamily, NamespacedName
+from nftproxy.core.nft.errors import NftBusy, NftRejected
+from nftproxy.kernel.fake import FakeBackend
+
+NODE = "node-a"
+CONFIG = ProxyConfig(
+    node_name=NODE, cluster_cidrs=("10.244.0.0/16",), table_name="nftproxy",
+    full_sync_period=3600.0,
+)
+WEB = service("web", "10.96.0.10", type="NodePort", node_ports=[30080])
+WEB_EPS = endpoint_slice("web", [("10.244.0.11", NODE), ("10.244.1.12", "node-b")])
+DNS = service("dns", "10.96.0.53", ports=[("dns", 53, "UDP")])
+DNS_EPS = endpoint_slice("dns", ["10.244.0.21"], ports=[("dns", 53, "UDP")])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recording(FakeBackend):
+    """FakeBackend that keeps every transaction it was sent (refused ones too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[list[Mapping[str, Any]]] = []
+        self.refuse_next: NftRejected | None = None
+
+    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
+        if commands:
+            self.sent.append(list(commands))
+        if self.refuse_next is not None and commands:
+            error, self.refuse_next = self.refuse_next, None
+            raise error
+        super().commit(commands, fresh=fresh)
+
+
+class OldKernel(Recording):
+    """A kernel < 6.2: deleting a chain in the transaction that deletes the
+    map element jumping to it fails with EBUSY (the reference goes away
+    asynchronously); the same delete in a later transaction works."""
+
+    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
+        verbs = {(verb, next(iter(body))) for c in commands for verb, body in c.items()}
+        if ("delete", "chain") in verbs and ("delete", "element") in verbs:
+            self.sent.append(list(commands))
+            raise NftBusy("Could not process rule: Device or resource busy")
+        super().commit(commands, fresh=fresh)
+
+
+def listing(backend: FakeBackend) -> str:
+    """Both tables by content (handles and listing order ignored)."""
+    return json.dumps(
+        [canonical(backend.list_table(f, CONFIG.table_name)) for f in ("ip", "ip6")],
+        sort_keys=True,
+    )
+
+
+@contextlib.contextmanager
+def started(backend: FakeBackend) -> Iterator[FakeBackend]:
+    backend.start()
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+@pytest.fixture
+def backend() -> Iterator[Recording]:
+    with started(Recording()) as b:
+        assert isinstance(b, Recording)
+        yield b
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def feed(proxier: Proxier, problems: list[InvalidField] | None = None) -> Intake:
+    """The agent's intake in front of the proxier (raw objects in)."""
+    return intake(proxier, NODE, problems)
+
+
+def listed(proxier: Proxier, *objects: dict[str, Any]) -> Intake:
+    """Feed the node, `objects` and the end of both initial lists."""
+    events = feed(proxier)
+    events.on_node(node(NODE, ["192.168.50.1"], pod_cidrs=["10.244.0.0/24"]))
+    for obj in objects:
+        if obj["kind"] == "Service":
+            events.on_service(None, obj)
+        else:
+            events.on_endpoint_slice(None, obj)
+    events.on_synced(KIND_SERVICES)
+    events.on_synced(KIND_ENDPOINT_SLICES)
+    return events
+
+
+def full_table_of(*objects: dict[str, Any]) -> str:
+    """What one full sync of `objects` builds from scratch."""
+    with started(Recording()) as fresh:
+        proxier = Proxier(CONFIG, fresh)
+        listed(proxier, *objects)
+        assert proxier.sync().full
+        return listing(fresh)
+
+
+# --- full and partial -----------------------------------------------------------------
+
+
+def test_nothing_is_programmed_before_both_lists(backend: Recording, clock: Clock) -> None:
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    events = feed(proxier)
+    events.on_service(None, WEB)
+    events.on_synced(KIND_SERVICES)
+    report = proxier.sync()
+    assert report.skipped == "waiting for the initial list"
+    assert backend.sent == []
+    events.on_synced(KIND_ENDPOINT_SLICES)
+    assert proxier.sync().full
+
+
+def test_first_sync_is_full_then_only_what_changed(backend: Recording, clock: Clock) -> None:
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    events = listed(proxier, WEB, WEB_EPS, DNS, DNS_EPS)
+    first = proxier.sync()
+    assert first.full and first.ops > 0
+    moved = endpoint_slice("web", [("10.244.0.11", NODE), ("10.244.1.13", "node-b")])
+    events.on_endpoint_slice(WEB_EPS, moved)
+    second = proxier.sync()
+    assert not second.full
+    web = {spn.service for spn in second.updated}
+    assert web == {NamespacedName("ns", "web")}
+    assert 0 < second.ops < first.ops
+    assert listing(backend) == full_table_of(WEB, moved, DNS, DNS_EPS)
+
+
+def test_no_change_sends_nothing(backend: Recording, clock: Clock) -> None:
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    events = listed(proxier, WEB, WEB_EPS)
+    proxier.sync()
+    sent = len(backend.sent)
+    events.on_service(WEB, WEB)  # an informer resync
+    report = proxier.sync()
+    assert (report.full, report.ops) == (False, 0)
+    assert len(backend.sent) == sent
+
+
+# --- refusals ---------------------------------------------------------------------
+
+
+def test_a_refused_commit_changes_nothing_and_the_next_sync_is_full(
+    backend: Recording, clock: Clock
+) -> None:
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    events = listed(proxier, WEB, WEB_EPS)
+    proxier.sync()
+    before_kernel = listing(backend)
+    before_state = dict(proxier.table_state(IPFamily.IPV4).fragments)
+    backend.refuse_next = NftRejected("Could not process rule: Invalid argument")
+    events.on_service(None, DNS)
+    events.on_endpoint_slice(None, DNS_EPS)
+    with pytest.raises(NftRejected):
+        proxier.sync()
+    assert listing(backend) == before_kernel
+    assert proxier.table_state(IPFamily.IPV4).fragments == before_state
+    repair = proxier.sync()
+    assert repair.full
+    assert listing(backend) == full_table_of(WEB, WEB_EPS, DNS, DNS_EPS)
+
+
+def test_ebusy_defers_chain_deletes_to_a_later_transaction(clock: Clock) -> None:
+    with started(OldKernel()) as backend:
+        assert isinstance(backend, OldKernel)
+        proxier = Proxier(CONFIG, backend, clock=clock)
+        events = listed(proxier, WEB, WEB_EPS, DNS, DNS_EPS)
+        proxier.sync()
+        events.on_service(DNS, None)
+        with pytest.raises(NftBusy):
+            proxier.sync()
+        retry = proxier.sync()  # full, with the chain deletes deferred
+        assert retry.full
+        stale = proxier.table_state(IPFamily.IPV4).stale_chains
+        assert stale and all(name.startswith("KUBE-") for name in stale)
+        chains = _chains(backend)
+        assert stale <= chains, "left flushed in the kernel"
+        gc_before = len(backend.sent)
+        proxier.sync()  # no change: only the deferred deletes go out
+        deletes = backend.sent[gc_before]
+        assert {next(iter(c)) for c in deletes} == {"delete"}
+        assert not proxier.table_state(IPFamily.IPV4).stale_chains
+        assert not stale & _chains(backend)
+        assert listing(backend) == full_table_of(WEB, WEB_EPS, DNS_EPS)
+
+
+def _chains(backend: FakeBackend) -> set[str]:
+    table = backend.list_table("ip", CONFIG.table_name) or {"nftables": []}
+    return {o["chain"]["name"] for o in table["nftables"] if "chain" in o}
+
+
+# --- when a sync is full ----------------------------------------------------------
+
+
+def test_the_periodic_full_sync(backend: Recording, clock: Clock) -> None:
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    listed(proxier, WEB, WEB_EPS)
+    assert proxier.sync().full
+    clock.now += CONFIG.full_sync_period - 1
+    assert not proxier.sync().full
+    clock.now += 1
+    assert proxier.sync().full
+    assert not proxier.sync().full
+
+
+def test_a_node_change_makes_the_next_sync_full(backend: Recording, clock: Clock) -> None:
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    events = listed(proxier, WEB, WEB_EPS)
+    proxier.sync()
+    events.on_node(node(NODE, ["192.168.50.1"], pod_cidrs=["10.244.0.0/24"]))
+    assert not proxier.sync().full, "the same node is no change"
+    events.on_node(node(NODE, ["192.168.50.1", "192.168.50.7"], pod_cidrs=["10.244.0.0/24"]))
+    assert proxier.sync().full
+    assert proxier.node().ipv4 == ("192.168.50.1", "192.168.50.7")
+
+
+def test_a_service_cidr_change_makes_the_next_sync_full(
+    backend: Recording, clock: Clock
+) -> None:
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    events = listed(proxier, WEB, WEB_EPS)
+    proxier.sync()
+    cidr = {"kind": "ServiceCIDR", "metadata": {"name": "kubernetes"},
+            "spec": {"cidrs": ["10.96.0.0/16"]}}
+    events.on_service_cidrs([cidr])
+    assert proxier.sync().full
+    events.on_service_cidrs([cidr])
+    assert not proxier.sync().full
+
+
+# --- invalid input --------------------------------------------------------------
+
+
+def test_an_invalid_field_is_reported_once_when_its_event_arrives(
+    backend: Recording, clock: Clock
+) -> None:
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    problems: list[InvalidField] = []
+    events = feed(proxier, problems)
+    bad = service("bad", "10.96.0.66", ports=[("http", 70000, "TCP")])
+    bad["metadata"]["uid"] = "u-1"
+    events.on_service(None, bad)
+    assert [(p.problem.kind, p.problem.obj, p.problem.field) for p in problems] == [
+        ("Service", "ns/bad", "spec.ports[0].port")
+    ]
+    assert (problems[0].namespace, problems[0].name, problems[0].uid) == ("ns", "bad", "u-1")
+    events.on_service(bad, bad)  # a resync: not again
+    assert len(problems) == 1
+    listed(proxier, WEB, WEB_EPS)
+    proxier.sync()
+    assert len(problems) == 1, "nothing is reported at sync time"
+    assert listing(backend) == full_table_of(WEB, WEB_EPS)
+    assert "10.96.0.66" not in listing(backend)
+
+
+def test_slice_node_and_cidr_problems_go_into_the_same_stream(backend: Recording) -> None:
+    proxier = Proxier(CONFIG, backend)
+    problems: list[InvalidField] = []
+    events = feed(proxier, problems)
+    events.on_endpoint_slice(None, endpoint_slice("web", ["10.244.0.11", "10.244.0.999"]))
+    bad_node = node(NODE, ["192.168.50.1"], pod_cidrs=["10.244.0.0/99"])
+    events.on_node(bad_node)
+    events.on_node(bad_node)
+    events.on_service_cidrs([{"kind": "ServiceCIDR", "metadata": {"name": "c"},
+                              "spec": {"cidrs": ["nonsense"]}}])
+    assert [(p.problem.kind, p.problem.field) for p in problems] == [
+        ("EndpointSlice", "endpoints[1].addresses[0]"),
+        ("Node", "spec.podCIDRs[0]"),
+        ("ServiceCIDR", "spec.cidrs[0]"),
+    ]
+    assert proxier.node().name == NODE, "the valid part of the Node is kept"
+
+
+def test_a_problem_that_goes_and_comes_back_is_reported_again(backend: Recording) -> None:
+    proxier = Proxier(CONFIG, backend)
+    problems: list[InvalidField] = []
+    events = feed(proxier, problems)
+    bad = service("web", "10.96.0.10", ports=[("http", 70000, "TCP")])
+    events.on_service(None, bad)
+    events.on_service(bad, WEB)
+    events.on_service(WEB, bad)
+    events.on_service(bad, None)
+    events.on_service(None, bad)
+    assert len(problems) == 3
+
+
+# --- what the report is -----------------------------------------------------------
+
+
+def test_the_report_is_values_later_syncs_do_not_change(
+    backend: Recording, clock: Clock
+) -> None:
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    events = listed(proxier, WEB, WEB_EPS)
+    first = proxier.sync()
+    v4 = first.families[0]
+    services_then = dict(v4.state.services)
+    endpoints_then = dict(v4.state.endpoints)
+    events.on_service(None, DNS)
+    events.on_endpoint_slice(WEB_EPS, None)
+    proxier.sync()
+    assert dict(v4.state.services) == services_then
+    assert dict(v4.state.endpoints) == endpoints_then
+    assert v4.table.chains > 0 and v4.table.elements > 0
+    assert first.health_check_ports == {}
+
+
+def test_hooks_get_the_report_and_a_failing_hook_breaks_nothing(
+    backend: Recording, clock: Clock
+) -> None:
+    seen: list[SyncReport] = []
+
+    def broken(report: SyncReport) -> None:
+        raise RuntimeError("hook bug")
+
+    proxier = Proxier(CONFIG, backend, hooks=[broken, seen.append], clock=clock)
+    listed(proxier, WEB, WEB_EPS)
+    report = proxier.sync()
+    assert seen == [report]
+
+
+def test_changes_call_on_change_and_are_counted_as_pending(backend: Recording) -> None:
+    kicks: list[None] = []
+    proxier = Proxier(CONFIG, backend, on_change=lambda: kicks.append(None))
+    events = feed(proxier)
+    events.on_service(None, WEB)
+    events.on_endpoint_slice(None, WEB_EPS)
+    assert len(kicks) == 2
+    assert proxier.pending_changes() == (1, 1)
+    events.on_synced(KIND_SERVICES)
+    events.on_synced(KIND_ENDPOINT_SLICES)
+    proxier.sync()
+    assert proxier.pending_changes() == (0, 0)
+
+
+class RecordingHeap:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+
+    @contextlib.contextmanager
+    def building(self, full: bool) -> Iterator[None]:
+        self.calls.append(("building", full))
+        yield
+
+    def committed(self, full: bool) -> None:
+        self.calls.append(("committed", full))
+
+
+def test_the_heap_policy_brackets_builds_and_hears_of_commits(
+    backend: Recording, clock: Clock
+) -> None:
+    heap = RecordingHeap()
+    proxier = Proxier(CONFIG, backend, heap=heap, clock=clock)
+    events = listed(proxier, WEB, WEB_EPS)
+    proxier.sync()
+    events.on_service(None, DNS)
+    proxier.sync()
+    backend.refuse_next = NftRejected("Could not process rule: Invalid argument")
+    events.on_service(DNS, None)
+    with pytest.raises(NftRejected):
+        proxier.sync()
+    assert heap.calls == [
+        ("building", True), ("committed", True),
+        ("building", False), ("committed", False),
+        ("building", False),
+    ]
+
+
+def test_plan_full_never_touches_the_kernel(backend: Recording) -> None:
+    proxier = Proxier(CONFIG, backend)
+    listed(proxier, WEB, WEB_EPS)
+    planned = proxier.plan_full()
+    assert planned.commands and backend.sent == []
+    assert planned.input.full and planned.input.node.ipv4 == ("192.168.50.1",)
+    assert listing(backend) == json.dumps([None, None])
