@@ -73,6 +73,9 @@ class Metered:
     def list_table_objects(self, family: str, table: str) -> Any:
         return self.inner.list_table_objects(family, table)
 
+    def accepts_typeof(self) -> bool:
+        return bool(self.inner.accepts_typeof())
+
 
 def child(args: argparse.Namespace) -> None:
     """Runs in the fresh process: one cold sync, one JSON line on stdout."""

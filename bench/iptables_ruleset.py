@@ -2,7 +2,7 @@
 
 Layer: bench tooling. One job: write the `iptables-restore` input that
 kube-proxy's iptables mode would write for ClusterIP services
-(/work/shared/docs/kube-proxy-semantics.md): nat KUBE-SERVICES as a LINEAR
+(kube-proxy pkg/proxy/iptables/proxier.go): nat KUBE-SERVICES as a LINEAR
 list of one rule per service port (destination, protocol, port -> KUBE-SVC),
 the KUBE-NODEPORTS rule last; KUBE-SVC-<h> with the off-cluster masquerade
 mark and the `statistic --mode random --probability 1/(n-i)` cascade;

@@ -330,6 +330,9 @@ class _Collector:
     def list_table_objects(self, family: str, table: str) -> Any:
         return self.backend.list_table_objects(family, table)
 
+    def accepts_typeof(self) -> bool:
+        return bool(self.backend.accepts_typeof())
+
 
 class Facade:
     """K Proxiers behind the Proxier's event API. K=1 is the product as it is

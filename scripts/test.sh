@@ -11,6 +11,11 @@ py=.venv/bin
 $py/ruff check .
 $py/mypy
 $py/lint-imports
+# The version-skew tests (tests/test_userspaces.py) need the trixie userspace:
+# run them when it is built (scripts/test-userspaces.sh builds it; CI runs that next).
+if [ -z "${NFTPROXY_TRIXIE:-}" ] && [ -f .userspaces/trixie/opt/nftproxy/.nftproxy-installed ]; then
+  export NFTPROXY_TRIXIE=$here/.userspaces/trixie
+fi
 set +e
 $py/python -m pytest "$@"
 rc=$?

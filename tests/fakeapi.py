@@ -27,6 +27,12 @@ What it serves (JSON only):
   ServiceCIDRs are served only when `serve_service_cidrs=True`; otherwise
   their paths answer 404 like a server without networking.k8s.io/v1
   servicecidrs.
+- Outages: `stop()` closes the listening socket and every open connection
+  (watches are cut, idle keep-alive connections closed, so new requests are
+  refused); `start()` again serves on the same port with the same objects
+  and resourceVersions, and with `forget_history=True` answers any
+  resourceVersion from before the outage (watch or continue token) with
+  410, like a real API server whose watch cache is new after a restart.
 
 One resourceVersion counter for all resources, as etcd has.
 """
@@ -37,9 +43,11 @@ import base64
 import bisect
 import contextlib
 import copy
+import errno
 import itertools
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -126,6 +134,7 @@ class _Failure:
     resource: str | None
     status: int | None  # None: close the connection without answering
     watch_only: bool
+    retry_after: int | None = None  # the Retry-After header, seconds
 
 
 @dataclass
@@ -146,6 +155,7 @@ class _State:
     watchers: list[_Watcher] = field(default_factory=list)
     snapshots: dict[int, _Snapshot] = field(default_factory=dict)
     failures: list[_Failure] = field(default_factory=list)
+    connections: set[socket.socket] = field(default_factory=set)
     paused: bool = False
     stopping: bool = False
 
@@ -172,17 +182,31 @@ class FakeApiServer:
         self._snapshot_ids = itertools.count(1)
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._port = 0  # chosen at the first start, kept across restarts
 
     # -- lifecycle -----------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, forget_history: bool = False) -> None:
+        """Serve; again after stop(), on the same port, with the same objects
+        and resourceVersions. `forget_history`: every resourceVersion from
+        before answers 410, like a restarted API server's new watch cache
+        (the resourceVersion moves on by one, as other writers move it on
+        during a real outage)."""
+        if self._httpd is not None:
+            raise RuntimeError("FakeApiServer already started")
         server = self
 
         class Handler(_Handler):
             api = server
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        httpd.daemon_threads = True
+        with self._cond:
+            self._s.stopping = False
+            if forget_history:
+                self._s.rv += 1
+        if forget_history:
+            self.expire_history()
+        httpd = _bind(self._port, Handler)
+        self._port = int(httpd.server_address[1])
         self._httpd = httpd
         self._thread = threading.Thread(
             target=httpd.serve_forever, args=(0.05,), name="fakeapi", daemon=True
@@ -190,14 +214,21 @@ class FakeApiServer:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop serving: cut open watches, close every connection, refuse new
+        ones. Idempotent; start() serves again."""
         with self._cond:
             self._s.stopping = True
             self._cond.notify_all()
+            connections, self._s.connections = self._s.connections, set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(5)
+        self._httpd, self._thread = None, None
 
     def __enter__(self) -> FakeApiServer:
         self.start()
@@ -208,9 +239,12 @@ class FakeApiServer:
 
     @property
     def url(self) -> str:
-        assert self._httpd is not None, "start() first"
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        """Also while stopped (a restart serves on the same port)."""
+        if self._httpd is not None:  # (vmtests' LanApiServer binds elsewhere)
+            host, port = self._httpd.server_address[:2]
+            return f"http://{host!s}:{port}"
+        assert self._port, "start() first"
+        return f"http://127.0.0.1:{self._port}"
 
     def api_client(self) -> Any:
         """A real kubernetes ApiClient pointed at this server (no proxy)."""
@@ -312,11 +346,13 @@ class FakeApiServer:
         resource: str | None = None,
         status: int | None = 503,
         watch_only: bool = False,
+        retry_after: int | None = None,
     ) -> None:
         """Fail the next `count` matching requests with `status` (None: close
-        the connection without an answer)."""
+        the connection without an answer), with a Retry-After header if
+        `retry_after` is given."""
         with self._cond:
-            self._s.failures.append(_Failure(count, resource, status, watch_only))
+            self._s.failures.append(_Failure(count, resource, status, watch_only, retry_after))
 
     def watchers(self, resource: str) -> int:
         """Open watches of `resource` not already told to end."""
@@ -335,6 +371,17 @@ class FakeApiServer:
 
     def requests_of(self, resource: str, verb: str | None = None) -> list[Request]:
         return [r for r in list(self.requests) if r.resource == resource and verb in (None, r.verb)]
+
+    def _track(self, conn: socket.socket, open_: bool) -> None:
+        """Note a connection (closed at once while stopped) or forget it."""
+        with self._cond:
+            if not open_:
+                self._s.connections.discard(conn)
+            elif self._s.stopping:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+            else:
+                self._s.connections.add(conn)
 
     # -- internals (call with self._cond held) ------------------------------------------
 
@@ -478,6 +525,28 @@ def _gone_status(rv: str) -> Object:
 # -- HTTP --------------------------------------------------------------------------------
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # a cut connection is no news
+            super().handle_error(request, client_address)
+
+
+def _bind(port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A server on 127.0.0.1:`port` (0: any); a restart waits up to 5 s for
+    the port to be free."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            return _Server(("127.0.0.1", port), handler)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 @dataclass(frozen=True)
 class _Route:
     rtype: ResourceType
@@ -491,6 +560,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.api._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.api._track(self.connection, False)
 
     # -- dispatch ----------------------------------------------------------------------
 
@@ -527,7 +606,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._abort()
             else:
                 status = _status(failure.status, "ServiceUnavailable", "injected failure")
-                self._send_json(failure.status, status)
+                after = failure.retry_after
+                headers = {"Retry-After": str(after)} if after is not None else {}
+                self._send_json(failure.status, status, headers)
             return
         try:
             if verb == "watch":
@@ -797,11 +878,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- wire ---------------------------------------------------------------------------
 
-    def _send_json(self, code: int, body: Object) -> None:
+    def _send_json(self, code: int, body: Object, headers: Mapping[str, str] | None = None
+                   ) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 

@@ -1,8 +1,11 @@
 """The `nftproxy` command line.
 
-Aspects: help for every subcommand; `sync --dry-run` prints the model of the
-sample cluster without root; `sync` needs no --once but still accepts it;
-configuration errors exit 2 with one line naming the field or flag; kernel
+Aspects: help for every subcommand, listing exactly the flags it reads
+(each listed configuration flag changes the ProxyConfig it builds);
+`sync --dry-run` prints the model of the sample cluster without root; `sync`
+needs no --once but still accepts it; configuration errors exit 2 with one
+line naming the field or flag; --config-hard-fail turns config warnings into
+that error; boolean flags take kube-proxy's --flag[=true|false]; kernel
 commands refuse to run without root.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +47,7 @@ def test_help_works_for_every_command(argv: list[str], capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert out.startswith("usage: nftproxy")
     if argv != ["--help"]:
-        assert "--node-name" in out and "--config" in out
+        assert "--table-name" in out
 
 
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,33 +120,39 @@ def test_sync_with_a_broken_source_fails_with_one_line(
     assert err.count("\n") == 1
 
 
+def config_file(tmp_path: Path, body: str) -> Path:
+    """A v1alpha1 KubeProxyConfiguration with `body` after its header."""
+    path = tmp_path / "kp.yaml"
+    path.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" + body
+    )
+    return path
+
+
 def test_a_config_file_error_exits_2_naming_the_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = tmp_path / "kp.yaml"
-    config.write_text(
-        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
-        "nftables:\n  masqueradeBit: 40\n"
-    )
+    config = config_file(tmp_path, "nftables:\n  masqueradeBit: 40\n")
     assert cli.main(dry_run("--config", str(config))) == 2
     err = capsys.readouterr().err
     assert err == f"nftproxy: config: {config}: nftables.masqueradeBit: 40 is not in 0..31\n"
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("argv", "message"),
     [
-        (["--masquerade-bit", "32"], "--masquerade-bit: 32 is not in 0..31"),
-        (["--sync-period", "30"], "--sync-period: invalid duration '30'"),
-        (["--cluster-cidr", "10.0.0.0/8,x"], "--cluster-cidr: 'x' is not a CIDR"),
-        (["--nodeport-addresses", "primary,10.0.0.0/8"], "--nodeport-addresses: 'primary'"),
-        (["--detect-local-mode", "BridgeInterface"], "--detect-local-mode: detectLocalMode"),
+        (dry_run("--masquerade-bit", "32"), "--masquerade-bit: 32 is not in 0..31"),
+        # the agent's flags are not `sync` flags; the error comes before the root check
+        (["demo", "--once", "--sync-period", "30"], "--sync-period: invalid duration '30'"),
+        (dry_run("--cluster-cidr", "10.0.0.0/8,x"), "--cluster-cidr: 'x' is not a CIDR"),
+        (dry_run("--nodeport-addresses", "primary,10.0.0.0/8"), "--nodeport-addresses: 'primary'"),
+        (dry_run("--detect-local-mode", "BridgeInterface"), "--detect-local-mode: detectLocalMode"),
     ],
 )
 def test_a_flag_error_exits_2_naming_the_flag(
-    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(dry_run(*flags)) == 2
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"nftproxy: config: {message}")
     assert err.count("\n") == 1
@@ -176,4 +186,91 @@ def test_kernel_commands_need_root(
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "needs root (CAP_NET_ADMIN)" in err
+    assert err.count("\n") == 1
+
+
+# ---- each subcommand's flags ---------------------------------------------------------
+
+SHARED = {"-h", "--help", "-v", "--verbose", "--table-name"}
+RULESET = {
+    "--config", "--config-hard-fail", "--node-name", "--node-ip", "--cluster-cidr",
+    "--detect-local-mode", "--pod-bridge-interface", "--pod-interface-name-prefix",
+    "--nodeport-addresses", "--masquerade-all", "--masquerade-bit",
+    "--allow-service-external-ips",
+}
+AGENT = {
+    "--healthz-bind-address", "--metrics-bind-address", "--bind-address-hard-fail",
+    "--sync-period", "--min-sync-period",
+}
+FLAGS = {
+    "run": SHARED | RULESET | AGENT | {"--kubeconfig", "--source"},
+    "sync": SHARED | RULESET | {"--source", "--dry-run"},
+    "dump": SHARED | {"--json", "--service"},
+    "cleanup": SHARED,
+    "demo": SHARED | RULESET | AGENT | {"--once", "--source"},
+}
+REQUIRED = {"sync": ["--source", "x.yaml"]}
+# a value for each configuration flag other than the default (None: the flag alone)
+NON_DEFAULT = {
+    "--table-name": "other", "--node-name": "node-9", "--node-ip": "10.9.0.1",
+    "--cluster-cidr": "10.9.0.0/16", "--detect-local-mode": "NodeCIDR",
+    "--pod-bridge-interface": "br9", "--pod-interface-name-prefix": "veth9",
+    "--nodeport-addresses": "primary", "--masquerade-all": None, "--masquerade-bit": "3",
+    "--allow-service-external-ips": "false", "--healthz-bind-address": "127.0.0.1:9",
+    "--metrics-bind-address": "", "--bind-address-hard-fail": None, "--sync-period": "45s",
+    "--min-sync-period": "2s",
+}
+
+
+def help_flags(command: str, capsys: pytest.CaptureFixture[str]) -> set[str]:
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    flags: set[str] = set()
+    for line in capsys.readouterr().out.splitlines():
+        option = re.match(r"\s{2}(?:(-\w), )?(--[\w-]+)", line)  # "  -v, --verbose ..."
+        if option:
+            flags.update(f for f in option.groups() if f)
+    return flags
+
+
+@pytest.mark.parametrize("command", sorted(FLAGS))
+def test_each_subcommand_shows_only_the_flags_it_uses(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert help_flags(command, capsys) == FLAGS[command]
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [(c, f) for c, flags in sorted(FLAGS.items()) for f in sorted(flags & set(NON_DEFAULT))],
+)
+def test_every_configuration_flag_a_subcommand_shows_is_read(command: str, flag: str) -> None:
+    parser = cli.build_parser()
+    base = [command, *REQUIRED.get(command, [])]
+    value = NON_DEFAULT[flag]
+    given = [flag] if value is None else [f"{flag}={value}"]
+    default = cli._load_config(parser.parse_args(base))
+    assert cli._load_config(parser.parse_args([*base, *given])) != default
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [([], True), (["--allow-service-external-ips"], True),
+     (["--allow-service-external-ips=false"], False),
+     (["--allow-service-external-ips", "true"], True)],
+)
+def test_boolean_flags_take_kube_proxy_values(given: list[str], expected: bool) -> None:
+    args = cli.build_parser().parse_args(["sync", "--source", "x.yaml", *given])
+    assert cli._load_config(args).allow_service_external_ips is expected
+
+
+def test_config_hard_fail_flag_turns_warnings_into_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = config_file(tmp_path, "masqueradeBitt: 3\n")
+    assert cli.main(dry_run("--config", str(config))) == 0  # v1alpha1: a warning
+    capsys.readouterr()
+    assert cli.main(dry_run("--config", str(config), "--config-hard-fail")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nftproxy: config: {config}: configHardFail: masqueradeBitt:")
     assert err.count("\n") == 1

@@ -1,8 +1,11 @@
 """config_load: KubeProxyConfiguration files and flags -> one ProxyConfig.
 
 Aspects: Go durations; every field that applies, at each place kube-proxy
-accepts it; flags override the file; unknown and inapplicable fields only
-warn; every invalid value raises ConfigError naming the field or flag.
+accepts it, in v1alpha1 and v1alpha2; flags override the file; unknown and
+inapplicable fields warn, one line each naming the field, or fail the load
+with configHardFail (v1alpha2's default; the file's field and the flag turn
+it on or off); every invalid value raises ConfigError naming the field or
+flag. The v1alpha2 cases are in test_config_v1alpha2.py.
 """
 
 from __future__ import annotations
@@ -18,6 +21,20 @@ from nftproxy.tools.config_load import build_config, load_config_file
 from nftproxy.tools.config_values import ConfigError, parse_duration
 
 HEADER = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+# every conntrack field, set away from its default, and what it reads as
+CONNTRACK_YAML = (
+    "{maxPerCore: 0, min: 1000, tcpEstablishedTimeout: 12h0m0s, tcpCloseWaitTimeout: 30m,"
+    " tcpBeLiberal: true, udpTimeout: 30s, udpStreamTimeout: 2m}"
+)
+CONNTRACK = ConntrackConfig(
+    max_per_core=0,
+    min=1000,
+    tcp_established_timeout=43200,
+    tcp_close_wait_timeout=1800,
+    tcp_be_liberal=True,
+    udp_timeout=30,
+    udp_stream_timeout=120,
+)
 
 
 def load(tmp_path: Path, body: str, *, header: str = HEADER) -> tuple[dict[str, Any], list[str]]:
@@ -86,16 +103,9 @@ def test_a_full_v1alpha1_file_sets_every_field(tmp_path: Path) -> None:
           minSyncPeriod: 500ms
           masqueradeAll: true
           masqueradeBit: 15
-        conntrack:
-          maxPerCore: 0
-          min: 1000
-          tcpEstablishedTimeout: 12h0m0s
-          tcpCloseWaitTimeout: 30m
-          tcpBeLiberal: true
-          udpTimeout: 30s
-          udpStreamTimeout: 2m
+        conntrack: CONNTRACK
         configSyncPeriod: 10m
-        """,
+        """.replace("CONNTRACK", CONNTRACK_YAML),
     )
     assert warnings == []
     config = build_config(overrides, {})
@@ -114,15 +124,7 @@ def test_a_full_v1alpha1_file_sets_every_field(tmp_path: Path) -> None:
         healthz_bind_address="0.0.0.0:10300",
         metrics_bind_address="[::1]:10301",
         config_sync_period=600.0,
-        conntrack=ConntrackConfig(
-            max_per_core=0,
-            min=1000,
-            tcp_established_timeout=43200,
-            tcp_close_wait_timeout=1800,
-            tcp_be_liberal=True,
-            udp_timeout=30,
-            udp_stream_timeout=120,
-        ),
+        conntrack=CONNTRACK,
     )
 
 
@@ -316,7 +318,7 @@ def test_feature_gates_warn(tmp_path: Path) -> None:
 
 
 def test_other_api_version_warns_and_missing_kind_warns(tmp_path: Path) -> None:
-    _, warnings = load(tmp_path, "apiVersion: kubeproxy.config.k8s.io/v1alpha2\n", header="")
+    _, warnings = load(tmp_path, "apiVersion: kubeproxy.config.k8s.io/v1beta1\n", header="")
     assert any(w.startswith("apiVersion:") for w in warnings)
     assert any(w.startswith("kind: missing") for w in warnings)
 

@@ -21,7 +21,9 @@ Aspects (IPv4 and IPv6 wherever the feature applies):
 - off-cluster sources to a ClusterIP are masqueraded, pods are not, hairpin is;
 - NodePort on every allowed node address, from the client, pods and the node
   (not on addresses nodePortAddresses leaves out), masqueraded for
-  externalTrafficPolicy=Cluster;
+  externalTrafficPolicy=Cluster; nodePortAddresses CIDRs select the host's
+  interface addresses (also secondaries the Node object does not list, and
+  one added at run time, within one sync);
 - externalTrafficPolicy=Local: only local endpoints, client address kept; no
   local endpoint -> dropped, while pods and the node itself still get through;
 - internalTrafficPolicy=Local: pods reach only local endpoints; none -> drop;
@@ -47,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import subprocess
 import time
 from collections import Counter
@@ -63,6 +66,8 @@ from nftproxy.agent.proxier import Proxier
 from nftproxy.agent.report import SyncReport
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import HostAddresses
+from nftproxy.kernel.addresses import AddressWatch, read_host_addresses
 from nftproxy.kernel.conntrack import Conntrack, conntrack_hook
 from nftproxy.kernel.libnftables import NftBackend
 from nftproxy.tools.sandbox.probe import Attempt, answered_by, errors
@@ -860,3 +865,106 @@ def test_sctp_cluster_ip(topo: Topology, cluster: Cluster, family: int) -> None:
         attempts = topo.probe("client", "sctp", address, port, count=30, timeout=OK_TIMEOUT)
         assert set(all_ok(attempts)) == {"local1", "remote1"}, address
         assert peers(attempts) == {pods["local1"].gateway(family)}, address
+
+
+# --- nodePortAddresses: the host's interface addresses ------------------------------------
+
+# On the node's ext0 during a test, never in the Node object: (inside, outside)
+# HOST_CIDRS; the client routes 192.168.51.0/24 and fd00:51::/64 via the node
+# and has 192.168.50.0/24 and fd00:50::/64 on its link.
+SECONDARY = {4: ("192.168.51.7", "192.168.50.7"), 6: ("fd00:51::7", "fd00:50::7")}
+ADDED_AT_RUN_TIME = {4: "192.168.51.8", 6: "fd00:51::8"}
+HOST_CIDRS = ("192.168.51.0/24", "fd00:51::/64")
+
+
+def host_cidrs_config() -> ProxyConfig:
+    return ProxyConfig(
+        node_name=NODE_NAME,
+        cluster_cidrs=CLUSTER_CIDRS,
+        table_name=CONFIG.table_name,
+        nodeport_addresses=HOST_CIDRS,
+    )
+
+
+@contextlib.contextmanager
+def node_addresses(topo: Topology, *ips: str) -> Iterator[None]:
+    """Extra addresses on the node's ext0 for the body; removed whatever happens."""
+    added: list[str] = []
+    try:
+        for ip in ips:
+            family = 6 if ":" in ip else 4
+            extra = ["nodad"] if family == 6 else []
+            topo.run("node", ["ip", "addr", "add", Net(family).host_prefix(ip), "dev", "ext0",
+                              *extra])
+            added.append(ip)
+        yield
+    finally:
+        for ip in added:
+            family = 6 if ":" in ip else 4
+            topo.run("node", ["ip", "addr", "del", Net(family).host_prefix(ip), "dev", "ext0"])
+
+
+def nodeport_ips_in_kernel(topo: Topology, family: int) -> str:
+    return topo.run("node", ["nft", "list", "set", "ip" if family == 4 else "ip6",
+                             CONFIG.table_name, "nodeport-ips"])
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_node_port_on_secondary_host_addresses_inside_the_cidrs_only(
+    topo: Topology, make_cluster: Callable[..., Cluster], family: int, proto: str
+) -> None:
+    """kube-proxy serves node ports on the host's interface addresses inside
+    nodePortAddresses, not only on the Node object's."""
+    pods = topo.pods
+    inside, outside = SECONDARY[family]
+    with node_addresses(topo, inside, outside):
+        cluster = make_cluster(host_cidrs_config())
+        cluster.proxier.on_host_addresses(read_host_addresses(topo.node))
+        cluster.apply(nodeport_service("np", 22), slices("np", [pods["local1"]])).sync()
+
+        served = topo.probe("client", proto, inside, NODE_PORTS[proto], count=5,
+                            timeout=OK_TIMEOUT)
+        assert all_ok(served) == {"local1": 5}
+        excluded = topo.probe("client", proto, outside, NODE_PORTS[proto], count=3,
+                              timeout=DROP_TIMEOUT)
+        assert errors(excluded) == {"refused": 3}, f"node port served on {outside}: {excluded}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_node_port_on_a_host_address_added_at_run_time(
+    topo: Topology, make_cluster: Callable[..., Cluster], family: int
+) -> None:
+    """The address watch hands the change to the Proxier; the next sync
+    (full) serves the new address, and a removal takes it out again."""
+    pods, address = topo.pods, ADDED_AT_RUN_TIME[family]
+    cluster = make_cluster(host_cidrs_config())
+    readings: queue.SimpleQueue[HostAddresses] = queue.SimpleQueue()
+
+    def on_change(addresses: HostAddresses) -> None:
+        cluster.proxier.on_host_addresses(addresses)
+        readings.put(addresses)
+
+    def has_address() -> bool:
+        reading = readings.get(timeout=10)
+        return address in reading.ipv4 + reading.ipv6
+
+    watch = AddressWatch(netns=topo.node, log=LOG)
+    watch.start(on_change)
+    try:
+        assert not has_address()
+        cluster.apply(nodeport_service("np", 23), slices("np", [pods["local1"]])).sync()
+        with node_addresses(topo, address):
+            assert has_address(), "the watch did not hand the new address on"
+            before = topo.probe("client", "tcp", address, NODE_PORTS["tcp"], count=1,
+                                timeout=DROP_TIMEOUT)
+            assert errors(before) == {"refused": 1}, "served before the sync?"
+            assert cluster.sync().full
+            assert all_ok(topo.probe("client", "tcp", address, NODE_PORTS["tcp"], count=5,
+                                     timeout=OK_TIMEOUT)) == {"local1": 5}
+            assert address in nodeport_ips_in_kernel(topo, family)
+        assert not has_address()
+        assert cluster.sync().full
+        assert address not in nodeport_ips_in_kernel(topo, family)
+    finally:
+        watch.close()

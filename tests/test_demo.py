@@ -4,6 +4,9 @@ Aspects:
 - the traffic plan for the sample (pure): every service port, its ClusterIPs
   of both families, node ports, the LB VIP from an allowed and from a
   disallowed source; outcomes are described as a newcomer reads them;
+- endpoints are shown, and paths judged, per IP family: an endpoint ready in
+  the IPv4 slice and terminating in the IPv6 one reads so; a family without
+  endpoints says "none" and its paths expect a reject;
 - `nftproxy demo --once` (a subprocess, as a user runs it) exits 0 and its
   report shows: web spread over its two ready endpoints (not the
   terminating one), masqueraded; web-local's LB and node port from the
@@ -21,6 +24,8 @@ Aspects:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import queue
 import re
@@ -29,15 +34,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import kernel
 import pytest
 
 from nftproxy.core.model import IPFamily
 from nftproxy.tools.demo import SAMPLE, load_cluster
-from nftproxy.tools.demo_report import Addresses, Check, Result, describe, plan
+from nftproxy.tools.demo_report import Addresses, Check, Cluster, Result, describe, plan, render
 from nftproxy.tools.sandbox.probe import Attempt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,12 +86,55 @@ def test_plan_covers_every_path_of_the_sample() -> None:
     ]
     assert local.health is not None and local.health.port == 30500
     assert "externalTrafficPolicy Local" in local.details
-    assert local.endpoints == "endpoints: web-0 ready, web-2 ready on other-node"
+    assert local.endpoints == ("IPv4 endpoints: web-0 ready, web-2 ready on other-node",)
     assert blocks["demo/web:http"].endpoints == (
-        "endpoints: web-0 ready, web-1 terminating, web-2 ready on other-node")
+        "IPv4 endpoints: web-0 ready, web-1 terminating, web-2 ready on other-node",
+        "IPv6 endpoints: web-0 ready, web-1 terminating, web-2 ready on other-node")
     assert blocks["demo/dns:dns"].checks[0].proto == "udp"
     (empty,) = blocks["demo/empty:http"].checks
     assert empty.note == "the service has no endpoints"
+
+
+def _sample_with(edit: Callable[[dict[tuple[str, str], Any]], None]) -> Cluster:
+    """The sample cluster with its slices changed by `edit` (on a deep copy)."""
+    cluster = load_cluster(SAMPLE)
+    slices = copy.deepcopy(dict(cluster.slices))
+    edit(slices)
+    return dataclasses.replace(cluster, slices=slices)
+
+
+def _web_slice(slices: dict[tuple[str, str], Any], family: str) -> Any:
+    (found,) = [s for s in slices.values()
+                if s["metadata"]["labels"]["kubernetes.io/service-name"] == "web"
+                and s["addressType"] == family]
+    return found
+
+
+def test_endpoints_are_shown_per_family() -> None:
+    def web_1_ready_in_ipv4_only(slices: dict[tuple[str, str], Any]) -> None:
+        (ep,) = [e for e in _web_slice(slices, "IPv4")["endpoints"]
+                 if e["addresses"] == ["10.244.0.12"]]
+        ep["conditions"] = {"ready": True, "serving": True, "terminating": False}
+
+    blocks = {b.name: b for b in plan(_sample_with(web_1_ready_in_ipv4_only), SANDBOX)}
+    web = blocks["demo/web:http"]
+    assert web.endpoints == (
+        "IPv4 endpoints: web-0 ready, web-1 ready, web-2 ready on other-node",
+        "IPv6 endpoints: web-0 ready, web-1 terminating, web-2 ready on other-node")
+    report = render([web], {c: Result(c, skipped="not run") for c in web.checks}, {}, SANDBOX)
+    lines = report.splitlines()
+    assert "    IPv4 endpoints: web-0 ready, web-1 ready, web-2 ready on other-node" in lines
+    assert "    IPv6 endpoints: web-0 ready, web-1 terminating, web-2 ready on other-node" in lines
+
+
+def test_a_family_without_endpoints_says_none_and_expects_a_reject() -> None:
+    def no_ipv6_endpoints(slices: dict[tuple[str, str], Any]) -> None:
+        _web_slice(slices, "IPv6")["endpoints"] = []
+
+    web = {b.name: b for b in plan(_sample_with(no_ipv6_endpoints), SANDBOX)}["demo/web:http"]
+    assert web.endpoints[1] == "IPv6 endpoints: none"
+    assert [(c.target, c.note) for c in web.checks] == [
+        ("10.96.0.10:80", ""), ("[fd00:96::10]:80", "the service has no endpoints")]
 
 
 def _attempt(answer: str | None, error: str | None = None, seconds: float = 0.001) -> Attempt:

@@ -423,7 +423,7 @@ def test_dockerfile_installs_with_scripts_setup_sh_and_nothing_else() -> None:
         assert name in setup, f"scripts/setup.sh does not read {name}"
     copied = {source.rstrip("/") for source in copy_sources(instructions)}
     readme = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["readme"]
-    assert {"pyproject.toml", readme, "scripts/setup.sh", "nftproxy"} <= copied
+    assert {"pyproject.toml", readme, "constraints.txt", "scripts/setup.sh", "nftproxy"} <= copied
 
 
 def test_dockerfile_entrypoint_is_nftproxy_run_from_the_venv() -> None:

@@ -5,9 +5,12 @@ watch events reach the handler with the previously delivered object;
 objects are stripped to what the proxier reads, and changes only to
 stripped fields are not delivered; kube-proxy's label selector; only this
 node's Node; ServiceCIDRs as a full list, ignored when not served;
-bookmarks advance the resourceVersion; a stream that ends resumes without a
-re-list; a dropped connection backs off exponentially and resumes; 410 Gone
-(ERROR event or HTTP) re-lists and delivers only the difference; stop()
+bookmarks advance the resourceVersion; a stream that ends resumes at once
+without a re-list; a dropped connection is retried within a second, server
+errors back off exponentially, the backoff starts over after a success, and
+a server that ends every watch at once is not hammered; 410 Gone (ERROR
+event or HTTP) re-lists once, at once, and delivers only the difference;
+every informer resumes within 2 s of an API server restart; stop()
 returns promptly; a burst of 1,000 changes with a 410 and a dropped
 connection converges to the server's state. Also the EventRecorder,
 api_calls() against the requests actually made, from_config(), and the fake
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import random
 import threading
 import time
@@ -420,7 +424,14 @@ def test_stream_end_resumes_from_the_last_resource_version_without_relisting(
     assert rec.violations == []
 
 
-def test_dropped_connection_backs_off_exponentially_then_resumes(
+def _outage(api: FakeApiServer, failures: int) -> None:
+    """Cut the open watches (half an event, then no answer) and fail the next
+    `failures` watch requests with 503."""
+    api.fail_requests(failures, resource="services", status=503, watch_only=True)
+    api.drop_watches(partial=True)
+
+
+def test_a_dropped_connection_is_retried_soon_and_server_errors_back_off_exponentially(
     api: FakeApiServer, start: Start
 ) -> None:
     source, rec, sleeps = start(api)
@@ -429,30 +440,86 @@ def test_dropped_connection_backs_off_exponentially_then_resumes(
     wait_until(lambda: "ns/before" in rec.services)
     last = api.resource_version
 
-    api.fail_requests(2, resource="services", status=503, watch_only=True)
-    api.drop_watches(partial=True)  # half an event, then the connection is gone
+    _outage(api, 3)
     api.create(svc("during"))
     wait_until(lambda: "ns/during" in rec.services)
 
-    # 0.8 s doubling, times the jitter 1 - 0.5 * random() = 0.75
-    assert sleeps.of("services") == pytest.approx([0.6, 1.2, 2.4])
+    # the cut: no answer, at most unreachable_max (1 s); then the 503s, a new
+    # kind of failure: 0.8 s doubling; all times the jitter 1 - 0.5 * 0.5
+    assert sleeps.of("services") == pytest.approx([0.6, 0.6, 1.2, 2.4])
     service_watches = watches(api, "services")
-    assert [w.query["resourceVersion"] for w in service_watches[1:]] == [str(last)] * 3
+    assert [w.query["resourceVersion"] for w in service_watches[1:]] == [str(last)] * 4
     stats = source.stats["services"]
-    assert (stats.lists, stats.relists, stats.errors) == (1, 0, 3)
+    assert (stats.lists, stats.relists, stats.errors) == (1, 0, 4)
     assert rec.violations == []
 
 
-def test_backoff_starts_over_after_a_quiet_period(api: FakeApiServer, start: Start) -> None:
-    now = [0.0]
-    _, _, sleeps = start(api, clock=lambda: now[0])
-    for count, at in ((2, 0.0), (3, 10.0), (4, 200.0)):
+def test_backoff_starts_over_after_a_success(api: FakeApiServer, start: Start) -> None:
+    _, _, sleeps = start(api)
+    for count in (5, 9):  # a round: the open watch is cut, 3 answer 503, the 4th is open
         api.wait_watchers("services")
-        now[0] = at
-        api.drop_watches()
+        _outage(api, 3)
         wait_until(watch_count(api, "services", count))
-    # 200 s after the last failure, the backoff starts anew
-    assert sleeps.of("services") == pytest.approx([0.6, 1.2, 0.6])
+    assert sleeps.of("services") == pytest.approx([0.6, 0.6, 1.2, 2.4] * 2)
+
+
+def test_retry_after_is_obeyed(api: FakeApiServer, start: Start) -> None:
+    # a restarted API server answers 429 with Retry-After: 1 until its cache is ready
+    api.fail_requests(3, resource="services", status=429, retry_after=1)
+    source, rec, sleeps = start(api, wait=False)
+    wait_until(lambda: synced(rec), what="initial sync")
+    assert sleeps.of("services") == [1.0, 1.0, 1.0]  # not 0.6, 1.2, 2.4
+    assert source.stats["services"].errors == 3
+
+
+def test_no_answer_is_retried_at_most_every_unreachable_max(
+    api: FakeApiServer, start: Start
+) -> None:
+    source, rec, sleeps = start(api)
+    api.wait_watchers("services")
+    api.stop()  # the watch is cut, then every connection is refused
+    wait_until(lambda: len(sleeps.of("services")) >= 8)
+    api.start()
+    api.create(svc("after"))
+    wait_until(lambda: "ns/after" in rec.services)
+    # 0.8 s, then capped at 1 s, however long it lasts; times the jitter 0.75
+    assert sleeps.of("services")[:8] == pytest.approx([0.6] + [0.75] * 7)
+    assert source.stats["services"].lists == 1  # history kept: no re-list
+
+
+def test_a_watch_the_server_ends_is_resumed_at_once(api: FakeApiServer, start: Start) -> None:
+    source, _, sleeps = start(api)
+    api.wait_watchers("services")
+    api.end_watches()  # at once, no event: still a normal end
+    wait_until(watch_count(api, "services", 2))
+    api.wait_watchers("services")
+    assert sleeps.of("services") == []
+    assert source.stats["services"].errors == 0
+
+
+def test_a_server_that_ends_every_watch_at_once_is_not_hammered(start: Start) -> None:
+    with FakeApiServer(max_watch_seconds=0.0) as api:
+        _, _, sleeps = start(api)
+        wait_until(watch_count(api, "services", 5))
+        # the first such end goes on at once; a loop of them backs off
+        assert sleeps.of("services")[:3] == pytest.approx([0.6, 1.2, 2.4])
+        assert len(lists(api, "services")) == 1  # and no re-list
+
+
+def test_a_410_after_failures_relists_once_and_at_once(api: FakeApiServer, start: Start) -> None:
+    source, rec, sleeps = start(api)
+    api.wait_watchers("services")
+    api.pause_watches()  # the source misses the change below
+    api.create(svc("missed"))
+    api.expire_history()
+    _outage(api, 2)  # ... and its re-watch after these failures is too old: 410
+    wait_until(lambda: "ns/missed" in rec.services, what="the re-list")
+    api.resume_watches()
+    api.wait_watchers("services")
+    stats = source.stats["services"]
+    assert (stats.lists, stats.relists, stats.errors) == (2, 1, 3)
+    assert sleeps.of("services") == pytest.approx([0.6, 0.6, 1.2])  # none for the 410
+    assert rec.violations == []
 
 
 @pytest.mark.parametrize("gone_as_http", [False, True], ids=["ERROR event", "HTTP 410"])
@@ -493,6 +560,46 @@ def test_gone_relists_and_delivers_only_the_difference(start: Start, gone_as_htt
         assert rec.synced.count(KIND_ENDPOINT_SLICES) == 1
         assert rec.violations == []
         source.stop()
+
+
+OUTAGE = 4.0  # long enough for the old backoff (0.8 s doubling) to reach 3.2 s steps
+
+
+def test_every_informer_resumes_within_2s_of_an_api_server_restart(
+    api: FakeApiServer, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    resources = ("services", "endpointslices", "nodes", "servicecidrs")
+    api.create(build.node(NODE, ["192.168.0.10"]))
+    source, _, _ = start(api, sleep=None)  # real waits, default backoff
+    for resource in resources:
+        api.wait_watchers(resource)
+    caplog.set_level(logging.DEBUG, logger="nftproxy.cluster.kube")
+
+    api.stop()
+    time.sleep(OUTAGE)
+    api.start(forget_history=True)  # a new watch cache: the old resourceVersion gets 410
+    back = time.monotonic()
+    resumed: dict[str, float] = {}
+
+    def relisted() -> bool:
+        for r in resources:
+            if r not in resumed and source.stats[r].lists == 2:
+                resumed[r] = time.monotonic() - back
+        return len(resumed) == len(resources)
+
+    wait_until(relisted, timeout=30, what="every informer's re-list")
+    assert max(resumed.values()) < 3.0, resumed  # 2 s, and some slack for a loaded machine
+    for resource in resources:
+        stats = source.stats[resource]
+        assert (stats.lists, stats.relists) == (2, 1), resource  # exactly one re-list
+        own = [r for r in caplog.records if r.getMessage().startswith(f"{resource}: ")]
+        warnings = [r for r in own if r.levelno == logging.WARNING]
+        recovered = [r for r in own if "recovered after" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]  # not one per retry
+        assert len(recovered) == 1 and recovered[0].levelno == logging.INFO
+        assert stats.errors > 2  # it did retry meanwhile
+    noise = [r for r in caplog.records if r.name.startswith("urllib3") and r.levelno >= 30]
+    assert noise == []  # urllib3 does not retry (and warn) underneath
 
 
 def test_stop_returns_promptly_while_watching(api: FakeApiServer, start: Start) -> None:

@@ -7,7 +7,9 @@ shared sets with their types. The JSON below is written out literally, not
 built with nftproxy.core.rules.expr, so a change of spelling shows up here.
 
 Variants: nodePortAddresses (all local addresses, "primary", CIDR lists,
-loopback never served), the masquerade bit, tcp_be_liberal, IPv6.
+loopback never served; selecting from the host's interface addresses when
+they were read, else from the Node's), the masquerade bit, tcp_be_liberal,
+IPv6.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 
 from nftproxy.core.config import ConntrackConfig, ProxyConfig
-from nftproxy.core.model import IPFamily, NodeInfo
+from nftproxy.core.model import HostAddresses, IPFamily, NodeInfo
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.rules.fragment import Fragment
 from nftproxy.core.rules.skeleton import nodeport_ips, render_skeleton
@@ -378,6 +380,50 @@ def test_family_without_any_listed_cidr_serves_node_ports_on_every_address() -> 
     config = replace(DEFAULT, nodeport_addresses=("192.168.0.0/16",))
     fragment = render_skeleton(V6, config, NODE)
     assert _nodeport_match(fragment) == [FIB_DADDR_LOCAL, NOT_LOOPBACK_V6]
+
+
+# Host interface addresses: a secondary address the Node object does not list,
+# a Node address on no interface (192.168.0.2 is the Node's primary), loopback.
+HOST = HostAddresses(
+    ipv4=("10.1.2.3", "10.9.9.9", "127.0.0.1", "172.16.0.1"),
+    ipv6=("::1", "2001:db8::5", "2001:db8::7", "fd00:192::2"),
+)
+NODE_ON_HOST = replace(NODE_MANY, host_addresses=HOST)
+
+
+@pytest.mark.parametrize(
+    ("family", "addresses", "expected"),
+    [
+        pytest.param(V4, ("10.0.0.0/8",), ("10.1.2.3", "10.9.9.9"),
+                     id="a CIDR selects the host's addresses, secondaries too"),
+        pytest.param(V4, ("192.168.0.0/16",), (),
+                     id="a Node address on no interface is not served"),
+        pytest.param(V4, ("127.0.0.0/8", "172.16.0.0/12"), ("172.16.0.1",),
+                     id="a loopback interface address is never served"),
+        pytest.param(V6, ("2001:db8::/32",), ("2001:db8::5", "2001:db8::7"),
+                     id="IPv6 CIDRs select the host's IPv6 addresses"),
+        pytest.param(V6, ("primary",), ("fd00:192::2",),
+                     id="primary: the Node's primary IP, found on an interface"),
+        pytest.param(V4, ("primary",), (),
+                     id="primary: not served when on no interface (as kube-proxy)"),
+        pytest.param(V4, ("primary", "172.16.0.0/12"), ("172.16.0.1",),
+                     id="primary with CIDRs"),
+    ],
+)
+def test_cidrs_select_the_host_interface_addresses_when_read(
+    family: IPFamily, addresses: tuple[str, ...], expected: tuple[str, ...]
+) -> None:
+    config = replace(DEFAULT, nodeport_addresses=addresses)
+    fragment = render_skeleton(family, config, NODE_ON_HOST)
+    assert sets(fragment)["nodeport-ips"].elements == expected
+    assert _nodeport_match(fragment) == [in_set(family.nft_family, "nodeport-ips")]
+
+
+@pytest.mark.parametrize("family", [V4, V6])
+def test_without_node_port_addresses_host_addresses_change_nothing(family: IPFamily) -> None:
+    assert render_skeleton(family, DEFAULT, NODE_ON_HOST) == render_skeleton(
+        family, DEFAULT, NODE_MANY
+    )
 
 
 # --- masquerade bit, conntrack -----------------------------------------------------

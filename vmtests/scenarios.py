@@ -269,8 +269,8 @@ def programmed_state(dump: Sequence[Mapping[str, Any]]) -> State:
             continue
         for svc in table.get("services", []):
             key = f"{svc['service']} {svc['protocol']}"
-            out[key] = sorted(e["address"] for e in svc.get("endpoints", []))
-            local = sorted(e["address"] for e in svc.get("local_endpoints", []))
+            out[key] = sorted(f"{e['address']}:{e['port']}" for e in svc.get("endpoints", []))
+            local = sorted(f"{e['address']}:{e['port']}" for e in svc.get("local_endpoints", []))
             if local:
                 out[f"{key} local"] = local
     return out

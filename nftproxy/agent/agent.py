@@ -3,7 +3,9 @@
 Layer: agent (above proxier; below tools, the only caller). One job: wire the
 long-running pieces together and own their start and stop order. The agent
 builds no real edge itself: the backend, the cluster source (through
-`source_factory`), the sysctl filesystem and conntrack are parameters, so
+`source_factory`), the sysctl filesystem, conntrack and the interface
+address watch (started only when nodePortAddresses restricts node ports;
+its readings go to Proxier.on_host_addresses) are parameters, so
 tests run the real wiring with FakeBackend and a file source.
 
 Data flow:
@@ -16,9 +18,14 @@ Data flow:
 - every recorded change calls `_on_change`: ProxyHealth.queued(), the
   last-queued metric, Runner.kick();
 - the Runner calls `_sync` (rate-limited, at least every syncPeriod): a
-  refused commit is counted (nftables_sync_failures_total), logged, and
-  retried by the Runner (runner.py: first after max(minSyncPeriod, 1 s),
-  doubling up to syncPeriod); nothing here ever raises out of the loop;
+  refused commit is counted (nftables_sync_failures_total), logged, handed
+  to `on_sync_failure` (the CLI posts a Node Event there), and retried by
+  the Runner (runner.py: first after max(minSyncPeriod, 1 s), doubling up
+  to syncPeriod); nothing here ever raises out of the loop;
+- the Proxier checks for drift (agent/drift.py: another process committed
+  to nftables) at most once per syncPeriod and then syncs fully;
+  `_drift_repaired` logs and counts each such repair
+  (nftproxy_drift_repairs_total{reason});
 - after each successful commit the Proxier runs the hooks given to it:
   `_after_sync` (health, metrics, table-size gauges, health-check-node-port
   servers, one log line) and the conntrack cleanup. Both read only the
@@ -34,11 +41,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry
 
+from nftproxy.agent.drift import FOREIGN_COMMIT
 from nftproxy.agent.heap import FullSyncHeapPolicy
 from nftproxy.agent.intake import Intake, InvalidField
 from nftproxy.agent.proxier import Proxier
@@ -47,7 +55,7 @@ from nftproxy.agent.runner import Runner
 from nftproxy.cluster.events import ClusterEvents
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.convert import EndpointSliceInfo
-from nftproxy.core.model import NamespacedName, NodeInfo, ServiceInfo
+from nftproxy.core.model import HostAddresses, NamespacedName, NodeInfo, ServiceInfo
 from nftproxy.core.nft.errors import NftError
 from nftproxy.core.nft.seam import Backend
 from nftproxy.kernel.sysctl import SysctlFS, apply_conntrack
@@ -56,13 +64,14 @@ from nftproxy.serving.health import (
     HealthServer,
     ProxyHealth,
     ServiceHealthServers,
+    SourceProblem,
 )
 from nftproxy.serving.metrics import Metrics
 
 if TYPE_CHECKING:
     from nftproxy.core.conntrack import CleanupResult, FlowFilter
 
-__all__ = ["Agent", "ConntrackEdge", "Source", "SourceFactory"]
+__all__ = ["AddressEdge", "Agent", "ConntrackEdge", "Source", "SourceFactory"]
 
 
 class Source(Protocol):
@@ -76,6 +85,7 @@ class Source(Protocol):
 
 SourceFactory = Callable[[ClusterEvents], Source]
 InvalidFieldCallback = Callable[[InvalidField], None]
+SyncFailureCallback = Callable[[Exception], None]
 
 
 class ConntrackEdge(Protocol):
@@ -86,6 +96,15 @@ class ConntrackEdge(Protocol):
     def close(self) -> None: ...
 
     def apply(self, filters: Sequence[FlowFilter]) -> CleanupResult: ...
+
+
+class AddressEdge(Protocol):
+    """nftproxy.kernel.addresses.AddressWatch (or a fake): hands the host's
+    interface addresses to `on_change` once in start(), then on every change."""
+
+    def start(self, on_change: Callable[[HostAddresses], None]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class _Events:
@@ -124,7 +143,8 @@ class Agent:
     health-check node ports on every address. `trim_memory` (malloc_trim
     with the real backend) runs after full syncs. `hooks` run after each
     successful commit, after the agent's own. `on_invalid_field` hears of
-    every invalid field once, after it was logged and counted.
+    every invalid field once, after it was logged and counted;
+    `on_sync_failure` of every failed sync, with the error.
     """
 
     def __init__(
@@ -138,8 +158,10 @@ class Agent:
         wall_clock: Callable[[], float] = time.time,
         sysctl_fs: SysctlFS | None = None,
         conntrack: ConntrackEdge | None = None,
+        host_addresses: AddressEdge | None = None,
         on_bind_error: BindErrorCallback | None = None,
         on_invalid_field: InvalidFieldCallback | None = None,
+        on_sync_failure: SyncFailureCallback | None = None,
         service_health_host: str = "",
         trim_memory: Callable[[], None] | None = None,
         hooks: Sequence[Callable[[SyncReport], None]] = (),
@@ -150,7 +172,9 @@ class Agent:
         self.source_factory = source_factory
         self.sysctl_fs = sysctl_fs
         self.conntrack = conntrack
+        self.host_addresses = host_addresses
         self.on_invalid_field = on_invalid_field
+        self.on_sync_failure = on_sync_failure
         self.log = log or logging.getLogger(__name__)
         self.metrics = Metrics(registry, clock=wall_clock)
         self.health = ProxyHealth(
@@ -164,6 +188,8 @@ class Agent:
             on_change=self._on_change,
             heap=FullSyncHeapPolicy(trim_memory),
             clock=clock,
+            drift_check_period=config.sync_period,
+            on_drift=self._drift_repaired,
         )
         self.runner = Runner(
             self._sync,
@@ -190,6 +216,7 @@ class Agent:
             _Events(self.proxier, self.health),
             node_name=config.node_name,
             report=self._invalid_field,
+            allow_external_ips=config.allow_service_external_ips,
         )
         """The ClusterEvents handler sources feed (raw objects in)."""
         self.source: Source | None = None
@@ -206,6 +233,7 @@ class Agent:
             apply_conntrack(self.config.conntrack, self.sysctl_fs, log=self.log)
         self.backend.start()
         self._start_conntrack()
+        self._start_host_addresses()
         self.health.updated()  # kube-proxy marks healthy when its loop starts
         self._serve("health", self._start_healthz)
         if self.config.metrics_bind_address:
@@ -214,6 +242,10 @@ class Agent:
         self.metrics.pending_from(self.proxier.pending_changes)
         self.runner.start()
         self.source = self.source_factory(self.events)
+        stats = getattr(self.source, "stats", None)  # the API source's informers
+        if isinstance(stats, Mapping):
+            self.metrics.watch_from(lambda: stats)
+            self.health.problems_from(lambda: _source_problems(stats))
         self.source.start()
         self.log.info(
             "agent started",
@@ -228,6 +260,8 @@ class Agent:
         try:
             start()
         except (OSError, ValueError) as exc:  # the proxy still works without it
+            if self.config.bind_address_hard_fail:  # kube-proxy's bindAddressHardFail
+                raise OSError(f"cannot serve {what}: {exc}") from exc
             self.log.error("cannot serve %s; continuing without it", what,
                            extra={"error": str(exc)})
 
@@ -244,14 +278,32 @@ class Agent:
             return
 
         def on_result(result: CleanupResult) -> None:
-            self.metrics.record_conntrack(result.seconds, deleted=result.deleted)
+            self.metrics.record_conntrack(
+                result.seconds, deleted=result.deleted, errors=result.errors
+            )
 
         self._conntrack_cleanup = conntrack_hook(self.conntrack, log=self.log, on_result=on_result)
+
+    def _start_host_addresses(self) -> None:
+        """Node ports restricted by nodePortAddresses follow the host's
+        interface addresses; without that restriction none are read."""
+        edge, self.host_addresses = self.host_addresses, None
+        if edge is None or not self.config.nodeport_addresses_restricted:
+            return
+        try:
+            edge.start(self.proxier.on_host_addresses)
+        except OSError as exc:
+            self.log.error("cannot read interface addresses; node ports restricted by "
+                           "nodePortAddresses use the Node's addresses: %s", exc)
+            return
+        self.host_addresses = edge
 
     def stop(self) -> None:
         """Stop watching, syncing and serving; leave the rules. Idempotent."""
         steps: list[tuple[str, Callable[[], None]]] = [
             ("source", self.source.stop if self.source is not None else _nothing),
+            ("address watch",
+             self.host_addresses.close if self.host_addresses is not None else _nothing),
             ("runner", self.runner.stop),
             ("service health servers", self.service_health.stop),
             ("health server", self.healthz.stop if self.healthz is not None else _nothing),
@@ -300,15 +352,33 @@ class Agent:
         except NftError as exc:
             self.metrics.record_failure()
             self.log.error("sync failed; retrying with a full sync", extra={"error": str(exc)})
+            self._sync_failed(exc)
             raise
-        except Exception:
+        except Exception as exc:
             self.metrics.record_failure()
             self.log.exception("sync failed unexpectedly; retrying with a full sync")
             self.proxier.request_full_sync()
+            self._sync_failed(exc)
             raise
         if report.skipped:
             self.metrics.record_sync(report)
             self.log.debug("sync skipped", extra={"reason": report.skipped})
+
+    def _sync_failed(self, error: Exception) -> None:
+        """Tell `on_sync_failure` (the CLI posts a Node Event) why a sync failed."""
+        if self.on_sync_failure is not None:
+            try:
+                self.on_sync_failure(error)
+            except Exception:  # reporting must never stop syncing
+                self.log.exception("reporting a failed sync failed")
+
+    def _drift_repaired(self, reason: str) -> None:
+        """Another process had changed nftables; a full sync rewrote our
+        tables (agent/drift.py). Counted by what the listing showed."""
+        self.metrics.record_drift_repair(reason)
+        level = logging.INFO if reason == FOREIGN_COMMIT else logging.WARNING
+        self.log.log(level, "nftables changed by another process; full sync repaired it",
+                     extra={"reason": reason})
 
     def _after_sync(self, report: SyncReport) -> None:
         """Post-commit hook: runs in the sync thread after every successful commit."""
@@ -344,3 +414,13 @@ class Agent:
 
 def _nothing() -> None:
     pass
+
+
+def _source_problems(stats: Mapping[str, object]) -> list[SourceProblem]:
+    """The API informers' TLS or auth failures (ResourceStats.failing, since
+    on the source's monotonic clock, the agent's in production)."""
+    return [
+        SourceProblem(f"{name}: {failing}", float(getattr(one, "failing_since", 0.0)))
+        for name, one in sorted(stats.items())
+        if (failing := getattr(one, "failing", ""))
+    ]

@@ -15,18 +15,24 @@ once and a Problem both family views find is reported once.
 
 Nothing is dropped silently: a Service whose every port is invalid reaches
 the target as a Service with no ports, after its Problems were reported.
+
+kube-proxy's AllowServiceExternalIPs switch (KEP-5707) is applied here too:
+with `allow_external_ips` off, every Service reaches the target without its
+externalIPs, and a Service that sets them is reported once, through the same
+stream, as a Problem on spec.externalIPs.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from nftproxy.cluster.events import Obj
 from nftproxy.core import convert
 from nftproxy.core.convert import EndpointSliceInfo, Problem
+from nftproxy.core.convert.problems import object_label
 from nftproxy.core.model import IPFamily, NamespacedName, NodeInfo, ServiceInfo
 
 __all__ = ["Intake", "InvalidField", "InvalidFieldSink", "ProxierEvents", "service_info"]
@@ -69,10 +75,18 @@ class Intake:
     """The ClusterEvents handler: converts, reports, forwards. Sources may
     call it from several threads."""
 
-    def __init__(self, target: ProxierEvents, *, node_name: str, report: InvalidFieldSink) -> None:
+    def __init__(
+        self,
+        target: ProxierEvents,
+        *,
+        node_name: str,
+        report: InvalidFieldSink,
+        allow_external_ips: bool = True,
+    ) -> None:
         self.target = target
         self.node_name = node_name
         self.report = report
+        self.allow_external_ips = allow_external_ips
         self._lock = threading.Lock()
         self._reported: dict[tuple[str, NamespacedName], frozenset[Problem]] = {}
 
@@ -81,10 +95,21 @@ class Intake:
         if obj is None:
             return
         name = convert.service_name(obj)
-        info, problems = service_info(name, current)
+        info, problems = self._service(name, current)
         self._report("Service", obj, name, problems)
         if name is not None:
-            self.target.on_service(name, service_info(name, previous)[0], info)
+            self.target.on_service(name, self._service(name, previous)[0], info)
+
+    def _service(
+        self, name: NamespacedName | None, obj: Obj | None
+    ) -> tuple[ServiceInfo | None, tuple[Problem, ...]]:
+        info, problems = service_info(name, obj)
+        if self.allow_external_ips or info is None or obj is None:
+            return info, problems
+        stripped, had_external_ips = _without_external_ips(info)
+        if had_external_ips:
+            problems = (*problems, _external_ips_off(object_label(obj)))
+        return stripped, problems
 
     def on_endpoint_slice(self, previous: Obj | None, current: Obj | None) -> None:
         obj = current if current is not None else previous
@@ -102,6 +127,10 @@ class Intake:
         info, problems = convert.node_info(node) if node is not None else (None, [])
         if node is not None:
             self._report("Node", node, convert.service_name(node), problems)
+        else:  # deleted: a re-created Node's problems are new (as a Service's are)
+            with self._lock:
+                for key in [k for k in self._reported if k[0] == "Node"]:
+                    del self._reported[key]
         self.target.on_node(info)
 
     def on_service_cidrs(self, cidrs: Sequence[Obj]) -> None:
@@ -142,6 +171,24 @@ def service_info(
     v6, p6 = convert.service_ports(obj, IPFamily.IPV6)
     problems = tuple(dict.fromkeys([*p4, *p6]))
     return (ServiceInfo(name, v4, v6) if name is not None else None), problems
+
+
+def _external_ips_off(label: str) -> Problem:
+    return Problem(
+        "Service", label, "spec.externalIPs",
+        "not programmed: AllowServiceExternalIPs is off (--allow-service-external-ips=false)",
+    )
+
+
+def _without_external_ips(info: ServiceInfo) -> tuple[ServiceInfo, bool]:
+    """`info` with no port's externalIPs, and whether any port had some."""
+    found = any(p.external_ips for f in IPFamily for p in info.ports(f).values())
+    if not found:
+        return info, False
+    ipv4, ipv6 = (
+        {k: replace(p, external_ips=()) for k, p in info.ports(f).items()} for f in IPFamily
+    )
+    return ServiceInfo(info.name, ipv4, ipv6), True
 
 
 def _invalid_field(problem: Problem, obj: Obj, name: NamespacedName | None) -> InvalidField:

@@ -4,6 +4,8 @@ Layer: agent (orchestration; imports the core, and the kernel only through
 the core's Backend protocol). One job: drive a sync as a pipeline of named
 steps over values:
 
+  drift     -- at most once per drift period: did another process commit
+               since our last commit? then this sync is full (agent/drift.py)
   snapshot  -- under the lock: apply the trackers, decide full or partial,
                take the node and the ServiceCIDRs (a frozen `SyncInput`)
   render    -- pure (core/render.py): desired fragments per family
@@ -17,7 +19,9 @@ sync() is the only path that writes to the kernel. Callers: the agent's
 runner, the CLI (`sync`) and the demo.
 
 Full vs partial: a full sync (startup, after any failed commit, after a node
-or ServiceCIDR change, and every config.full_sync_period) lists our tables
+or ServiceCIDR change or a change of the node-port addresses the host's
+interfaces give, after another process committed to nftables when drift
+detection is on, and every config.full_sync_period) lists our tables
 and rewrites everything; otherwise only the service ports the trackers marked
 changed are re-rendered, and a sync with no change sends nothing.
 
@@ -34,6 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from nftproxy.agent.drift import DriftWatch, drift_reason
 from nftproxy.agent.heap import HeapPolicy, NoHeapPolicy
 from nftproxy.agent.report import (
     FamilyInput,
@@ -47,6 +52,7 @@ from nftproxy.agent.report import (
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.convert import EndpointSliceInfo
 from nftproxy.core.model import (
+    HostAddresses,
     IPFamily,
     NamespacedName,
     NodeInfo,
@@ -60,6 +66,7 @@ from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import Staged, TableState, stage_full, stage_gc, stage_partial
 from nftproxy.core.nft.seam import Backend
 from nftproxy.core.render import NoLocal, RenderedFamily, render_changed, render_full
+from nftproxy.core.rules.skeleton import nodeport_ips
 from nftproxy.core.tracker import ProxyState, SyncGate
 
 __all__ = ["Proxier"]
@@ -73,6 +80,7 @@ class _Inputs:
     """Everything recorded by the event handlers besides the trackers."""
 
     node: NodeInfo | None = None
+    host_addresses: HostAddresses | None = None
     service_cidrs: tuple[str, ...] = ()
     need_full: bool = True
 
@@ -89,6 +97,8 @@ class Proxier:
 
     `hooks` run after every successful commit, in order, with the SyncReport;
     `on_change` is called (outside the lock) after every recorded change.
+    `drift_check_period` (None: off) turns on agent/drift.py's check;
+    `on_drift(reason)` hears of every full sync it forced, once committed.
     """
 
     def __init__(
@@ -101,6 +111,8 @@ class Proxier:
         heap: HeapPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         log: logging.Logger | None = None,
+        drift_check_period: float | None = None,
+        on_drift: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -119,6 +131,11 @@ class Proxier:
         }
         self._defer_deletes = False
         self._last_full = float("-inf")
+        self._drift = DriftWatch(  # reads nothing unless drift_check_period is set
+            lambda: self.backend.generation(), period=drift_check_period, clock=clock,
+            log=self.log,
+        )
+        self._on_drift = on_drift
 
     # ---- event handlers: record only -------------------------------------------
 
@@ -150,6 +167,21 @@ class Proxier:
             if node == self._inputs.node:
                 return
             self._inputs.node = node
+            self._inputs.need_full = True
+        self._on_change()
+
+    def on_host_addresses(self, addresses: HostAddresses) -> None:
+        """The host's interface addresses (kernel/addresses.py). Only a change
+        of the node-port addresses they select makes the next sync full."""
+        with self._lock:
+            before = self._node()
+            self._inputs.host_addresses = addresses
+            after = self._node()
+            if all(
+                nodeport_ips(f, self.config, before) == nodeport_ips(f, self.config, after)
+                for f in FAMILIES
+            ):
+                return
             self._inputs.need_full = True
         self._on_change()
 
@@ -209,6 +241,7 @@ class Proxier:
             pod_cidrs=base.pod_cidrs,
             deleting=base.deleting,
             to_be_deleted=base.to_be_deleted,
+            host_addresses=self._inputs.host_addresses,
         )
 
     # ---- sync -------------------------------------------------------------------
@@ -231,34 +264,54 @@ class Proxier:
         start = self.clock()
         if not self.ready:
             return SyncReport(full=False, ops=0, skipped="waiting for the initial list")
-        snapshot = self._snapshot()
-        self._collect_garbage()
-        t_render = self.clock()
-        with self._heap.building(snapshot.full):
-            rendered = self._render(snapshot)
-            listings = self._list_tables() if snapshot.full else {}
-            staged = self._stage(rendered, listings)
-        t_commit = self.clock()
-        commands = [c for s in staged.values() for c in s.commands]
-        self._commit(commands, staged, rendered, full=snapshot.full)
+        drifted = self._drift.changed()
+        snapshot = self._snapshot(force_full=drifted, take_full_request=True)
+        try:
+            self._collect_garbage()
+            t_render = self.clock()
+            with self._heap.building(snapshot.full):
+                rendered = self._render(snapshot)
+                listings = self._list_tables() if snapshot.full else {}
+                staged = self._stage(rendered, listings)
+            drift = self._drift_reason(listings) if drifted else ""
+            t_commit = self.clock()
+            commands = [c for s in staged.values() for c in s.commands]
+            self._commit(commands, staged, rendered, full=snapshot.full)
+        except BaseException:
+            if snapshot.full:  # the request it took is still to be done
+                self.request_full_sync()
+            raise
         end = self.clock()
         report = self._report(snapshot, len(commands), (start, t_render, t_commit, end))
+        if drift:
+            self._drift.repaired()
+            self._on_drift(drift)
         self._run_hooks(report)
         return report
 
-    def _snapshot(self, *, force_full: bool = False) -> SyncInput:
-        """Step 1: apply the trackers and freeze what the sync works from."""
+    def _snapshot(
+        self, *, force_full: bool = False, take_full_request: bool = False
+    ) -> SyncInput:
+        """Step 1: apply the trackers and freeze what the sync works from. A
+        sync takes the full-sync request here: one made from now on (a Node
+        event during a full sync) is for the next sync."""
         with self._lock:
             full = (
                 force_full
                 or self._inputs.need_full
                 or self.clock() - self._last_full >= self.config.full_sync_period
             )
+            if full and take_full_request:
+                self._inputs.need_full = False
             families = {
                 f: FamilyInput(fam.state.apply(), fam.state.snapshot())
                 for f, fam in self._families.items()
             }
             return SyncInput(full, self._node(), self._inputs.service_cidrs, families)
+
+    def _drift_reason(self, listings: Mapping[IPFamily, TableListing | None]) -> str:
+        """What the listing shows that the record does not (before the commit)."""
+        return drift_reason({f: fam.table for f, fam in self._families.items()}, listings)
 
     def _render(self, snapshot: SyncInput) -> dict[IPFamily, RenderedFamily]:
         """Step 2 (pure)."""
@@ -286,8 +339,10 @@ class Proxier:
     ) -> dict[IPFamily, Staged]:
         """Step 4 (pure): the transaction of each family."""
         out: dict[IPFamily, Staged] = {}
+        typeof = self.backend.accepts_typeof()
         for family, r in rendered.items():
             table = self._families[family].table
+            table.use_typeof(typeof)
             if r.full:
                 out[family] = stage_full(
                     table,
@@ -313,8 +368,9 @@ class Proxier:
         make the next sync full."""
         try:
             # A full sync of a large cluster fills a libnftables cache of
-            # hundreds of MB: use a context freed right after (DESIGN.md §5).
-            self.backend.commit(commands, fresh=full)
+            # hundreds of MB: use a context freed right after (docs/architecture.md, "Edges").
+            with self._drift.committing(commands):
+                self.backend.commit(commands, fresh=full)
         except NftBusy:
             if not self._defer_deletes:
                 # Kernels < 6.2 notice a lost vmap reference asynchronously:
@@ -331,8 +387,6 @@ class Proxier:
         for family, r in rendered.items():
             _record_no_local(self._families[family].no_local, r)
         if full:
-            with self._lock:
-                self._inputs.need_full = False
             self._last_full = self.clock()
         self._heap.committed(full)
 
@@ -347,7 +401,8 @@ class Proxier:
         if not commands:
             return
         try:
-            self.backend.commit(commands)
+            with self._drift.committing(commands):
+                self.backend.commit(commands)
         except NftError as exc:
             self.log.warning("deleting stale chains failed, next sync is full: %s", exc)
             self.request_full_sync()

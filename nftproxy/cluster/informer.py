@@ -1,23 +1,30 @@
 """One informer: list, then watch, one API resource as raw JSON, and deliver every change.
 
 Layer: sources (edge: the network, through the official `kubernetes`
-client; imports cluster.events only). One job: keep one resource's objects
-in a store and hand each change to a `Deliver` callback, the way client-go's
-informers do, but over raw JSON. Caller: cluster/kube.py (`KubeSource` runs
+client; imports cluster.events and cluster.retry only). One job: keep one
+resource's objects in a store and hand each change to a `Deliver` callback,
+the way client-go's informers do, but over raw JSON. Caller: cluster/kube.py (`KubeSource` runs
 one `Informer` per resource, each in its own thread).
 
-The loop, over raw JSON: paged list (limit 500,
-`continue`) -> watch from the list's resourceVersion with bookmarks and a
-random server timeout of 300-600 s, a client read timeout 30 s above it ->
-when the stream ends, watch again from the last resourceVersion seen
-(objects and bookmarks) -> on 410 Gone (an ERROR event with code 410, or an
-HTTP 410), list again and deliver the difference: deletes, adds, and
-updates only for objects that really changed. Connection and server errors
-back off exponentially (0.8 s doubling to 30 s, jittered down to half);
-only 410 re-lists.
+The loop, over raw JSON: paged list (limit 500, `continue`) -> watch from
+the list's resourceVersion with bookmarks and a random server timeout of
+300-600 s, a client read timeout 30 s above it -> when the stream ends
+normally (the server's timeout, or it closed it), watch again at once from
+the last resourceVersion seen (objects and bookmarks): that is not an
+error -> on 410 Gone (an ERROR event with code 410, or an HTTP 410), list
+again, exactly once, and deliver the difference: deletes, adds, and updates
+only for objects that really changed.
+
+Recovery after an outage (retry.py): a failed request waits 0.8 s
+doubling to 30 s, jittered, starting over at every success; while there is
+no answer at all (refused, reset, timed out) the wait is capped at
+`unreachable_max` (1 s), so an informer resumes within about a second of
+the server listening again. A 410 re-lists at once; only a loop of 410s or
+of watches that end at once backs off. One WARNING per outage, one INFO
+when it ends.
 
 Why raw JSON, not the client's models or `watch.Watch` (measured on
-kubernetes 37.0.2, shared/docs/nft-python-notes.md section 5): the pydantic
+kubernetes 37.0.2, docs/nft-python-notes.md section 5): the pydantic
 models cost 8-10x the time and 2-3.5x the memory of `json.loads`;
 `Watch(deserialize=False)` never advances its resourceVersion and raises
 KeyError on ERROR events; `Watch()` retries a 410 with the same
@@ -37,8 +44,11 @@ last for that key.
 
 Known limits: a list or watch request that has not yet received its
 response headers cannot be interrupted by `abort()` (the bounded connect and
-read timeouts apply); there is no periodic re-list (the proxier's full sync
-plays that role); the watch-list mode (`sendInitialEvents`) is not used.
+read timeouts apply); a server whose address drops packets (no refusal) is
+found again by the kernel's SYN retransmits within the 10 s connect timeout
+(after 1, 3, 7 s), not within a second; there is no periodic re-list (the
+proxier's full sync plays that role); the watch-list mode
+(`sendInitialEvents`) is not used.
 """
 
 from __future__ import annotations
@@ -49,15 +59,18 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from nftproxy.cluster.events import Obj
+from nftproxy.cluster.retry import Retry
 
 __all__ = [
+    "ERROR_REASONS",
+    "SEVERE_REASONS",
     "Change",
     "Deliver",
     "Informer",
@@ -76,8 +89,7 @@ _WATCH_TIMEOUT = (300, 600)  # server-side timeoutSeconds, drawn uniformly per w
 _READ_MARGIN = 30.0  # the client read timeout exceeds the server's timeout by this
 _CONNECT_TIMEOUT = 10.0
 _LIST_READ_TIMEOUT = 60.0
-_SHORT_WATCH = 1.0  # a watch ending sooner than this without events counts as failing
-_BACKOFF_RESET = 120.0  # a failure this long after the previous one starts over (client-go)
+_SHORT_WATCH = 1.0  # a watch ending sooner than this without events made no progress
 
 
 # -- stripping ------------------------------------------------------------------------
@@ -120,6 +132,15 @@ def _key(obj: Mapping[str, Any]) -> str:
 # -- counters -------------------------------------------------------------------------
 
 
+ERROR_REASONS = ("unreachable", "tls", "unauthorized", "forbidden", "http", "stream", "internal")
+"""Why a request failed: no answer; the TLS handshake (a certificate not
+verified); HTTP 401; HTTP 403; another HTTP error; a bad body or an ERROR
+event; a bug."""
+
+SEVERE_REASONS = frozenset({"tls", "unauthorized", "forbidden"})
+"""Failures that waiting does not heal: an ERROR, and /healthz reports them."""
+
+
 @dataclass
 class ResourceStats:
     """Counters of one informer, for metrics (written by its thread only)."""
@@ -131,6 +152,10 @@ class ResourceStats:
     events: int = 0  # ADDED/MODIFIED/DELETED events received
     bookmarks: int = 0
     errors: int = 0  # failed requests and broken streams (each one backs off)
+    error_reasons: dict[str, int] = field(  # `errors` by ERROR_REASONS
+        default_factory=lambda: dict.fromkeys(ERROR_REASONS, 0))
+    failing: str = ""  # the cause of a TLS or auth failure, until the server answers
+    failing_since: float = 0.0  # clock() of the first such failure in a row
     handler_errors: int = 0  # exceptions raised by the ClusterEvents handler
     objects: int = 0  # objects held now
     resource_version: str = ""  # last resourceVersion seen
@@ -164,6 +189,48 @@ class Deliver(Protocol):
 # -- one informer ---------------------------------------------------------------------
 
 
+def _retry_after(exc: ApiException) -> float | None:
+    """The Retry-After header of an HTTP error, in seconds (None if absent)."""
+    value = (getattr(exc, "headers", None) or {}).get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:  # an HTTP date: use the backoff instead
+        return None
+
+
+def _classify(exc: ApiException) -> tuple[str, str]:
+    """(reason, cause) of an HTTP error or a TLS failure (the client turns
+    an SSLError into ApiException(status=0)), the cause on one line."""
+    status = exc.status or 0
+    if status == 0:
+        detail = str(exc.reason or "").split("\n", 1)[-1].replace("\n", " ")  # "SSLError\n..."
+        return "tls", f"TLS: {detail} (check the CA, server name and client certificate)"
+    message = _status_message(exc)
+    what = f"HTTP {status} {exc.reason}" + (f": {message}" if message else "")
+    if status == 401:
+        return "unauthorized", f"{what} (the API server rejected the credentials)"
+    if status == 403:
+        return "forbidden", f"{what} (RBAC: see deploy/'s ClusterRole)"
+    return "http", what
+
+
+def _status_message(exc: ApiException) -> str:
+    """The message of the Status object an HTTP error carries, if any."""
+    try:
+        body = json.loads(exc.body or b"{}")
+    except (ValueError, TypeError):
+        return ""
+    return str(body.get("message") or "") if isinstance(body, dict) else ""
+
+
+def _describe(exc: BaseException) -> str:
+    """The cause of a failure for the log: urllib3 wraps the useful part."""
+    reason = getattr(exc, "reason", None)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and reason is not None:
+        exc = reason
+    return f"{type(exc).__name__}: {exc}"
+
+
 class _Gone(Exception):
     """410: the resourceVersion is too old; list again."""
 
@@ -176,7 +243,10 @@ class _Stopped(Exception):
     pass
 
 
-_RETRYABLE = (urllib3.exceptions.HTTPError, OSError, ValueError, _WatchError)
+# no HTTP answer: refused, reset, timed out, cut mid-stream (kubernetes turns
+# TLS errors into ApiException(status=0), an answered failure)
+_UNREACHABLE = (urllib3.exceptions.HTTPError, OSError)
+_ANSWERED = (ValueError, _WatchError)  # a bad body or an ERROR event
 
 
 class Informer:
@@ -193,6 +263,7 @@ class Informer:
         clock: Callable[[], float],
         random: Callable[[], float],
         backoff: tuple[float, float],
+        unreachable_max: float,
         not_served_retry: float,
         log: logging.Logger,
     ) -> None:
@@ -203,78 +274,79 @@ class Informer:
         self.sleep = sleep
         self.clock = clock
         self.random = random
-        self.backoff_initial, self.backoff_max = backoff
         self.not_served_retry = not_served_retry
         self.log = log
         self.stats = ResourceStats(res.name)
         self.store: dict[str, Obj] = {}
         self._lock = threading.Lock()
         self._response: Any = None
-        self._failures = 0  # consecutive, for the backoff
-        self._last_failure = float("-inf")
+        self.retry = Retry(
+            res.name,
+            initial=backoff[0],
+            cap=backoff[1],
+            unreachable_max=unreachable_max,
+            clock=clock,
+            random=random,
+            log=log,
+        )
 
     # -- the loop ---------------------------------------------------------------------
 
     def run(self) -> None:
         need_list = True
         while not self.stopping.is_set():
-            delay = 0.0
             try:
                 if need_list:
                     self._list()
                     need_list = False
-                if not self._watch():
-                    delay = self._backoff()
+                delay = self._watch()
             except _Stopped:
                 break
-            except _Gone as exc:
+            except Exception as exc:
                 if self.stopping.is_set():
                     break
-                self.log.info("%s: %s; listing again", self.res.name, exc)
-                self.stats.relists += 1
-                need_list = True
-                # the first 410 after progress re-lists at once; a 410 loop backs off
-                if self._failures:
-                    delay = self._backoff()
-                else:
-                    self._failures, self._last_failure = 1, self.clock()
-            except ApiException as exc:
-                if self.stopping.is_set():
-                    break
-                if exc.status in (403, 404) and self.res.optional:
-                    delay = self._not_served(exc.status)
-                    need_list = True
-                else:
-                    delay = self._error(f"HTTP {exc.status} {exc.reason}")
-            except _RETRYABLE as exc:
-                if self.stopping.is_set():
-                    break
-                delay = self._error(f"{type(exc).__name__}: {exc}")
-            except Exception:  # a bug; keep the informer alive
-                if self.stopping.is_set():
-                    break
-                self.log.exception("%s: informer failed", self.res.name)
-                delay = self._error("unexpected error")
+                need_list, delay = self._after(exc, need_list)
             if delay > 0 and not self.stopping.is_set():
                 self.sleep(delay)
 
-    def _error(self, what: str) -> float:
-        self.stats.errors += 1
-        delay = self._backoff()
-        self.log.warning("%s: %s; retrying in %.1fs", self.res.name, what, delay)
-        return delay
+    def _after(self, exc: Exception, need_list: bool) -> tuple[bool, float]:
+        """(list next?, delay) after a failed list or watch."""
+        if isinstance(exc, _Gone):
+            self.log.info("%s: %s; listing again", self.res.name, exc)
+            self.stats.relists += 1
+            return True, self.retry.stall()
+        if isinstance(exc, ApiException):
+            if exc.status in (403, 404) and self.res.optional:
+                self._answered()
+                return True, self._not_served(exc.status)
+            reason, what = _classify(exc)
+            return need_list, self._failed(what, reason, retry_after=_retry_after(exc))
+        if isinstance(exc, _UNREACHABLE):
+            return need_list, self._failed(_describe(exc), "unreachable")
+        reason = "stream"
+        if not isinstance(exc, _ANSWERED):  # a bug; keep the informer alive
+            self.log.exception("%s: informer failed", self.res.name)
+            reason = "internal"
+        return need_list, self._failed(_describe(exc), reason)
 
-    def _backoff(self) -> float:
-        """Between half and all of min(max, initial * 2**n): the jitter stays at
-        the cap, so nodes do not retry in step after an outage. n counts
-        failures since the last event, or since a quiet _BACKOFF_RESET."""
-        now = self.clock()
-        if now - self._last_failure >= _BACKOFF_RESET:
-            self._failures = 0
-        self._last_failure = now
-        base = min(self.backoff_max, self.backoff_initial * 2.0 ** min(self._failures, 30))
-        self._failures += 1
-        return base * (1.0 - 0.5 * self.random())
+    def _failed(self, cause: str, reason: str, *, retry_after: float | None = None) -> float:
+        stats = self.stats
+        stats.errors += 1
+        stats.error_reasons[reason] = stats.error_reasons.get(reason, 0) + 1
+        severe = reason in SEVERE_REASONS
+        if severe:
+            if not stats.failing:
+                stats.failing_since = self.clock()
+            stats.failing = cause
+        return self.retry.failed(cause, unreachable=reason == "unreachable",
+                                 retry_after=retry_after, severe=severe)
+
+    def _answered(self) -> None:
+        """The server answered (a list completed, a watch opened, an optional
+        resource said "not served"): the retry schedule starts over and a
+        TLS or auth failure is over."""
+        self.retry.succeeded()
+        self.stats.failing = ""
 
     def _not_served(self, status: int) -> float:
         """404 (or 403) for an optional resource: forget it, ask again rarely."""
@@ -317,6 +389,7 @@ class Informer:
                 rv = str(meta.get("resourceVersion") or "")
                 break
         self.stats.lists += 1
+        self._answered()
         if not self.stats.served:
             self.log.info("%s: served again", res.name)
             self.stats.served = True
@@ -331,9 +404,10 @@ class Informer:
 
     # -- watch --------------------------------------------------------------------------
 
-    def _watch(self) -> bool:
-        """One watch request, to its end; False if it should count as a failure
-        (ended at once with no event)."""
+    def _watch(self) -> float:
+        """One watch request, to its end; the delay before the next one: none
+        after a normal end (the server's timeout), a stall's after a watch
+        that ended at once with no event."""
         res = self.res
         timeout = int(_WATCH_TIMEOUT[0] + (_WATCH_TIMEOUT[1] - _WATCH_TIMEOUT[0]) * self.random())
         try:
@@ -352,21 +426,30 @@ class Informer:
                 raise _Gone(f"watch expired (HTTP 410 {exc.reason})") from exc
             raise
         self.stats.watches += 1
+        self._answered()
         started = self.clock()
         received = 0
-        with self._tracking(response):
-            pending = b""
-            for chunk in response.stream(None, decode_content=True):
-                if self.stopping.is_set():
-                    raise _Stopped
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        self._on_event(json.loads(line))
-                        received += 1
-                        self._failures = 0
-        return received > 0 or self.clock() - started >= _SHORT_WATCH
+        try:
+            with self._tracking(response):
+                pending = b""
+                for chunk in response.stream(None, decode_content=True):
+                    if self.stopping.is_set():
+                        raise _Stopped
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            self._on_event(json.loads(line))
+                            received += 1
+                            self.retry.progress()
+        finally:
+            lasted = self.clock() - started >= _SHORT_WATCH
+            if lasted:
+                self.retry.progress()
+        if received or lasted:
+            return 0.0
+        self.log.debug("%s: the watch ended at once with no event", res.name)
+        return self.retry.stall()
 
     def _on_event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")

@@ -15,9 +15,17 @@ What is watched, one thread each (kube-proxy's choices):
   "not served": retried every `service_cidr_retry` seconds, never an error).
 
 Each thread is an `Informer` (cluster/informer.py): a paged list, then a
-watch from its resourceVersion with bookmarks, a re-list on 410 Gone that
-delivers only the difference, and backoff on errors; delivered objects are
-stripped to what the proxier reads (`strip_object`).
+watch from its resourceVersion with bookmarks, one re-list on 410 Gone that
+delivers only the difference, and backoff on errors that starts over at
+every success and never exceeds about a second while the server does not
+answer (cluster/retry.py); delivered objects are stripped to what the
+proxier reads (`strip_object`).
+
+TLS and credentials: the client verifies the server as client-go does
+(`tls_context`: Python 3.13's VERIFY_X509_STRICT cleared); a TLS failure,
+401 or 403 is logged once as an ERROR with its cause, counted in
+`ResourceStats.error_reasons` and shown in `ResourceStats.failing`, which
+/healthz reads (informer.py).
 
 Handler calls come from the four threads (the handler must be thread-safe,
 as `Proxier` is); an exception from the handler is logged and counted, and
@@ -32,8 +40,10 @@ if the server did not serve them.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +54,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from urllib3.util.ssl_ import create_urllib3_context
 
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents, Obj
 from nftproxy.cluster.informer import Change, Deliver, Informer, Resource, ResourceStats, Sleep
@@ -55,6 +66,7 @@ __all__ = [
     "KubeSource",
     "api_calls",
     "from_config",
+    "tls_context",
 ]
 
 LABEL_SELECTOR = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name"
@@ -102,8 +114,9 @@ def from_config(kubeconfig: str | None = None) -> Any:
 
     Uses a private Configuration (the client's global default is untouched)
     and turns on TCP keepalive, so a watch through an idle-dropping load
-    balancer fails instead of hanging. Raises the client's ConfigException
-    when no configuration is found.
+    balancer fails instead of hanging; TLS is verified as client-go does
+    (`tls_context`). Raises the client's ConfigException when no
+    configuration is found.
     """
     configuration = k8s.Configuration()
     loaders: Any = k8s_config  # untyped functions
@@ -122,7 +135,37 @@ def from_config(kubeconfig: str | None = None) -> Any:
         )
     if hasattr(configuration, "keep_alive"):  # kubernetes >= 37
         configuration.keep_alive = True
-    return k8s.ApiClient(configuration=configuration)
+    return _client(configuration)
+
+
+def _client(configuration: Any) -> Any:
+    """The one place an ApiClient is built: its urllib3 pool verifies TLS
+    with `tls_context(configuration)` (the configured CA, client
+    certificate and key are still loaded by urllib3 into that context)."""
+    client = k8s.ApiClient(configuration=configuration)
+    # pools are made lazily, from these keywords: every connection uses the context
+    client.rest_client.pool_manager.connection_pool_kw["ssl_context"] = tls_context(configuration)
+    return client
+
+
+def tls_context(configuration: Any) -> ssl.SSLContext:
+    """The SSL context of the API client: what client-go (Go's crypto/x509)
+    accepts. The server is verified against the configured CA (or the
+    system's when none is configured) with hostname checking, but without
+    VERIFY_X509_STRICT, which Python 3.13 and urllib3 >= 2.3 set by default
+    and which rejects, e.g., a CA certificate without a keyUsage extension
+    (common in self-made cluster CAs) that kube-proxy accepts. With
+    VERIFY_X509_PARTIAL_CHAIN: Go trusts any certificate in its root pool,
+    an intermediate CA included, as this flag does. insecure-skip-tls-verify
+    (verify_ssl False) verifies nothing, as before."""
+    verify = bool(configuration.verify_ssl)
+    context = create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED if verify else ssl.CERT_NONE)
+    context.verify_flags = (
+        context.verify_flags & ~ssl.VERIFY_X509_STRICT
+    ) | ssl.VERIFY_X509_PARTIAL_CHAIN
+    if verify and not (configuration.ssl_ca_cert or getattr(configuration, "ca_cert_data", None)):
+        context.load_default_certs()  # urllib3 loads them only into its own contexts
+    return context
 
 
 # -- the source -----------------------------------------------------------------------
@@ -133,11 +176,16 @@ class KubeSource:
     and feeds `handler`; `start()` spawns one thread per resource, `stop()`
     ends and joins them.
 
-    `api_client` is a `kubernetes.client.ApiClient` (see `from_config`).
+    `api_client` is a `kubernetes.client.ApiClient` (see `from_config`); the
+    informers use a copy of it without urllib3's own retries.
     `node_name` selects the Node; empty: no Node is watched. Seams for tests:
     `clock` (monotonic seconds), `sleep(seconds)` (default: a wait that
     `stop()` interrupts), `random()` in [0, 1) for timeouts and jitter, and
-    the backoff bounds. `stats` maps resource name -> ResourceStats.
+    the backoff: `backoff_initial` doubling to `backoff_max` after HTTP
+    errors, at most `unreachable_max` between attempts while the server does
+    not answer at all (so an informer resumes within about a second of the
+    server being back; informer.py and retry.py say why). `stats` maps
+    resource name -> ResourceStats.
     """
 
     def __init__(
@@ -151,16 +199,18 @@ class KubeSource:
         random: Callable[[], float] | None = None,
         backoff_initial: float = 0.8,
         backoff_max: float = 30.0,
+        unreachable_max: float = 1.0,
         service_cidr_retry: float = 600.0,
         logger: logging.Logger | None = None,
     ) -> None:
-        self.api_client = api_client
+        self.api_client = _without_retries(api_client)
         self.handler = handler
         self.node_name = node_name
         self.clock = clock
         self.random = random or Random().random
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        self.unreachable_max = unreachable_max
         self.service_cidr_retry = service_cidr_retry
         self.log = logger or logging.getLogger(__name__)
         self._stopping = threading.Event()
@@ -241,6 +291,7 @@ class KubeSource:
             clock=self.clock,
             random=self.random,
             backoff=(self.backoff_initial, self.backoff_max),
+            unreachable_max=self.unreachable_max,
             not_served_retry=self.service_cidr_retry,
             log=self.log,
         )
@@ -268,6 +319,19 @@ class KubeSource:
                                first: bool) -> None:
         if changes or first:
             self.handler.on_service_cidrs([store[k] for k in sorted(store)])
+
+
+def _without_retries(api_client: Any) -> Any:
+    """A client like `api_client` (a copy of its configuration and default
+    headers) whose requests urllib3 does not retry: the informers retry
+    themselves, with backoff and one log line per outage, while urllib3 would
+    retry a refused connection three times at once and log a WARNING for
+    each, every second of an outage."""
+    configuration = copy.deepcopy(api_client.configuration)
+    configuration.retries = False
+    client = _client(configuration)
+    client.default_headers.update(api_client.default_headers)
+    return client
 
 
 def _list_service_cidr(api_client: Any) -> Callable[..., Any]:

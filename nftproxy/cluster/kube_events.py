@@ -1,8 +1,10 @@
-"""Events about Services, posted to the API server (core/v1 Event).
+"""Events about Services and this Node, posted to the API server (core/v1 Event).
 
 Layer: sources edge (kubernetes client). One job: kube-proxy's event
-recorder for the one event nftproxy emits, FailedToStartServiceHealthcheck
-(health.py's bind failures, wired by cli `run`). Split from sources/kube.py,
+recorder for the events nftproxy emits: FailedToStartServiceHealthcheck
+about a Service (health.py's bind failures), and SyncProxyRulesFailed about
+this Node (a refused sync; the Event lives in namespace "default", as
+kube-proxy's and the kubelet's Node events do); both wired by cli `run`. Split from sources/kube.py,
 which lists these calls in API_CALLS for the RBAC check.
 """
 
@@ -26,7 +28,8 @@ _EVENT_TIMEOUT = (2.0, 5.0)  # connect, read
 
 class EventRecorder:
     """Posts core/v1 Events about Services (e.g. reason
-    FailedToStartServiceHealthcheck), as kube-proxy's recorder does.
+    FailedToStartServiceHealthcheck) or other objects (`kind`, e.g. the
+    Node), as kube-proxy's recorder does.
 
     `record()` never raises: failures are logged and counted in `failures`.
     A repeat of the same (service, type, reason, message) patches the first
@@ -65,23 +68,33 @@ class EventRecorder:
         message: str,
         event_type: str = "Warning",
         uid: str = "",
+        kind: str = "Service",
     ) -> None:
-        """One Event about Service namespace/name (event_type Warning or Normal)."""
+        """One Event about `kind` namespace/name (event_type Warning or
+        Normal). For a Node, `namespace` is only where the Event lives."""
         try:
-            self._record(namespace, name, reason, message, event_type, uid)
+            self._record(namespace, name, reason, message, event_type, uid, kind)
         except Exception as exc:
             self.failures += 1
             self.log.warning(
-                "cannot post event %s for service %s/%s: %s", reason, namespace, name, exc
+                "cannot post event %s for %s %s/%s: %s",
+                reason, kind.lower(), namespace, name, exc,
             )
 
     def _record(
-        self, namespace: str, name: str, reason: str, message: str, type_: str, uid: str
+        self,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
+        type_: str,
+        uid: str,
+        kind: str,
     ) -> None:
         api = k8s.CoreV1Api(self.api_client)
         now = self.wall_clock()
         stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        key = (namespace, name, type_, reason, message)
+        key = (kind, namespace, name, type_, reason, message)
         with self._lock:
             seen = self._seen.get(key)
         if seen is not None:
@@ -104,7 +117,9 @@ class EventRecorder:
                 if exc.status != 404:  # 404: the Event expired; create a new one
                     raise
         event_name = f"{name}.{int(now * 1e9):x}"
-        involved = {"kind": "Service", "apiVersion": "v1", "namespace": namespace, "name": name}
+        involved = {"kind": kind, "apiVersion": "v1", "name": name}
+        if kind != "Node":  # the one cluster-scoped kind nftproxy reports on
+            involved["namespace"] = namespace
         if uid:
             involved["uid"] = uid
         body: Any = {  # a dict: the client validates it into its model

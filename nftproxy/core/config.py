@@ -70,6 +70,11 @@ class ProxyConfig:
     metrics_bind_address: str = "127.0.0.1:10249"
     config_sync_period: float = 900.0
     prefer_same_node: bool = True
+    allow_service_external_ips: bool = True
+    """kube-proxy's AllowServiceExternalIPs feature gate (KEP-5707): False
+    leaves every Service's spec.externalIPs unprogrammed."""
+    bind_address_hard_fail: bool = False
+    """A healthz or metrics server that cannot bind stops the agent."""
     conntrack: ConntrackConfig = field(default_factory=ConntrackConfig)
 
     @property
@@ -95,3 +100,9 @@ class ProxyConfig:
             return False
         cidrs = self.nodeport_cidrs_of(family)
         return not cidrs or any(ipaddress.ip_network(c, strict=False).prefixlen == 0 for c in cidrs)
+
+    @property
+    def nodeport_addresses_restricted(self) -> bool:
+        """nodePortAddresses leaves some local address out in some family:
+        node ports then follow the host's interface addresses."""
+        return not all(self.nodeport_matches_all(f) for f in IPFamily)

@@ -19,6 +19,7 @@ from enum import Enum
 __all__ = [
     "DEFAULT_AFFINITY_TIMEOUT",
     "Endpoint",
+    "HostAddresses",
     "IPFamily",
     "IPMode",
     "L4Protocol",
@@ -214,13 +215,28 @@ class ServiceInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class HostAddresses:
+    """The addresses on the host's interfaces (the agent's network
+    namespace), per family, sorted: what nodePortAddresses CIDRs select from,
+    as kube-proxy's GetNodeIPs. Read by nftproxy.kernel.addresses."""
+
+    ipv4: tuple[str, ...] = ()
+    ipv6: tuple[str, ...] = ()
+
+    def of(self, family: IPFamily) -> tuple[str, ...]:
+        return self.ipv4 if family is IPFamily.IPV4 else self.ipv6
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     """What the proxy knows of its own node.
 
-    `ipv4`/`ipv6` hold every address the node may receive node-port traffic on, per
-    family, primary first (from --node-ip, the Node object's InternalIP then
-    ExternalIP, or the host's interfaces). `pod_cidrs` are the Node's
-    spec.podCIDRs (used by detectLocalMode NodeCIDR).
+    `ipv4`/`ipv6` hold the node's addresses per family, primary first (from
+    --node-ip, then the Node object's InternalIP then ExternalIP). `pod_cidrs`
+    are the Node's spec.podCIDRs (used by detectLocalMode NodeCIDR).
+    `host_addresses` are the host's interface addresses, None when not read
+    (no nodePortAddresses CIDRs, `sync --dry-run`): node ports restricted by
+    nodePortAddresses then select from `ipv4`/`ipv6` instead.
     """
 
     name: str
@@ -230,6 +246,7 @@ class NodeInfo:
     pod_cidrs: tuple[str, ...] = ()
     deleting: bool = False
     to_be_deleted: bool = False
+    host_addresses: HostAddresses | None = None
 
     @property
     def zone(self) -> str:

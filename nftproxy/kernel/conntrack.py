@@ -16,6 +16,14 @@ Python, then one delete per stale entry by its exact original tuple plus
 CTA_ID (and CTA_ZONE), so an entry that was replaced in between is not
 touched.
 
+Failures (a netlink error, EPERM, ENOBUFS, a dead worker) never reach the
+sync: `apply` counts them in its CleanupResult, the agent adds them to
+nftproxy_conntrack_cleanup_errors_total, and `conntrack_hook` logs them
+once -- the first failure at WARNING, the same causes again at DEBUG (a
+persistent error would otherwise log at every sync), the first clean
+cleanup after them at INFO. The next full sync reconciles every UDP/SCTP
+port again, which repairs what a failed cleanup left.
+
 Sockets: pyroute2 0.9's sync `Conntrack` keeps its socket and event loop
 *per thread* and, with `netns=`, forks a child per thread to make the socket
 (whose default `flags=O_CREAT` would also create a missing namespace). So
@@ -225,6 +233,39 @@ class Cleaner(Protocol):
     def apply(self, filters: Sequence[FlowFilter]) -> CleanupResult: ...
 
 
+class _Failures:
+    """Failed cleanups are logged once: the first at WARNING, repeats of the
+    same causes at DEBUG (a netlink error that persists would otherwise log
+    at every sync), and the first clean cleanup after them at INFO."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self._causes: frozenset[str] | None = None
+        self._repeats = 0
+
+    def failed(self, causes: frozenset[str], message: str, fields: dict[str, object]) -> None:
+        new = causes != self._causes
+        self._causes, self._repeats = causes, 0 if new else self._repeats + 1
+        self.log.log(
+            logging.WARNING if new else logging.DEBUG,
+            "%s (until it changes, repeats are logged at debug level)",
+            message,
+            extra=fields,
+        )
+
+    def succeeded(self) -> None:
+        if self._causes is not None:
+            self.log.info("conntrack cleanup works again after %d repeated failures",
+                          self._repeats + 1)
+        self._causes, self._repeats = None, 0
+
+
+def _cause(message: str) -> str:
+    """The error of `dump udp 10.96.0.10:53: <error>` (core/conntrack.py),
+    without the flow it happened to."""
+    return message.split(": ", 1)[-1]
+
+
 def conntrack_hook(
     conntrack: Cleaner,
     *,
@@ -233,10 +274,11 @@ def conntrack_hook(
 ) -> Callable[[SyncView], None]:
     """A Proxier post-commit hook: plan from the report, apply, log.
 
-    Never raises: a failed plan or apply is logged and reported to
-    `on_result` (metrics) as a result with `errors` >= 1. Syncs that need no
-    filter cost nothing and report nothing.
+    Never raises: a failed plan or apply is logged once (`_Failures`) and
+    reported to `on_result` (metrics) as a result with `errors` >= 1. Syncs
+    that need no filter cost nothing and report nothing.
     """
+    failures = _Failures(log)
 
     def conntrack_cleanup(report: SyncView) -> None:
         filters: list[FlowFilter] = []
@@ -246,10 +288,11 @@ def conntrack_hook(
                 return
             result = conntrack.apply(filters)
         except Exception as exc:
-            log.warning("conntrack cleanup failed: %s", exc, exc_info=True)
+            log.debug("conntrack cleanup raised", exc_info=True)
             result = CleanupResult(filters=len(filters), errors=1, messages=(str(exc),))
+            failures.failed(frozenset(result.messages), f"conntrack cleanup failed: {exc}", {})
         else:
-            fields = {
+            fields: dict[str, object] = {
                 "filters": result.filters,
                 "matched": result.matched,
                 "deleted": result.deleted,
@@ -258,13 +301,14 @@ def conntrack_hook(
                 "seconds": round(result.seconds, 4),
             }
             if result.errors:
-                log.warning(
-                    "conntrack cleanup had %d errors: %s",
-                    result.errors,
-                    "; ".join(result.messages),
-                    extra=fields,
+                failures.failed(
+                    frozenset(_cause(m) for m in result.messages),
+                    f"conntrack cleanup had {result.errors} errors: "
+                    + "; ".join(result.messages),
+                    fields,
                 )
             else:
+                failures.succeeded()
                 log.debug("conntrack cleanup", extra=fields)
         if on_result is not None:
             try:

@@ -4,7 +4,9 @@ Layer: kernel edge's test double (no kernel). One job: the Backend seam over
 the fake tables of kernel/fake_tables.py -- each commit is one transaction
 (kernel/fake_txn.py), kept only if every command succeeds -- and listings
 in libnftables 1.0.6's JSON shapes, so proxier, agent and planner tests run
-without root.
+without root. `FakeBackend(version="1.1")` stands beside libnftables 1.1.x
+instead: it takes declarations by typeof (core/nft/ops.py) and lists them
+so, and lists the "dynamic" flag; objects stay in 1.0.6's listing order.
 The refusals it models (ENOENT, EEXIST incl. a re-added "dynamic" set,
 EBUSY, EOPNOTSUPP, EMLINK) are listed in kernel/fake_txn.py and checked
 step by step against the real kernel in tests/test_backend.py.
@@ -46,9 +48,13 @@ class FakeBackend:
     raise NotImplementedError rather than being accepted silently.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, version: str = "1.0.6") -> None:
+        if version not in ("1.0.6", "1.1"):
+            raise ValueError(f"FakeBackend models libnftables 1.0.6 or 1.1, not {version}")
+        self._v11 = version == "1.1"
         self._tables: dict[TableKey, FTable] = {}
         self._next_table_handle = 1
+        self._generation = 1
         self._started = False
         self._lock = threading.Lock()
 
@@ -60,6 +66,12 @@ class FakeBackend:
     def close(self) -> None:
         self._started = False
 
+    def accepts_typeof(self) -> bool:
+        """As libnftables 1.1.x (True) or 1.0.6 (the default); a property
+        of the model, so it needs no start() (dry runs plan with a fake that
+        is never started)."""
+        return self._v11
+
     def _check_started(self) -> None:
         if not self._started:
             raise RuntimeError("FakeBackend not started (or closed)")
@@ -69,7 +81,12 @@ class FakeBackend:
             return
         self._check_started()
         with self._lock:
-            txn = Txn(self._tables, self._next_table_handle, dynset_targets(commands))
+            txn = Txn(
+                self._tables,
+                self._next_table_handle,
+                dynset_targets(commands),
+                v11=self._v11,
+            )
             for index, command in enumerate(commands):
                 try:
                     for verb, body in command.items():
@@ -83,6 +100,13 @@ class FakeBackend:
                     raise exc.as_error(index, command) from None
             self._tables = txn.tables
             self._next_table_handle = txn.next_table_handle
+            self._generation += 1
+
+    def generation(self) -> int:
+        """As the kernel's: one more for every commit that was kept."""
+        self._check_started()
+        with self._lock:
+            return self._generation
 
     def run_json(self, command: Mapping[str, Any]) -> Json:
         self._check_started()
@@ -100,7 +124,7 @@ class FakeBackend:
                     raise Refused(ENOENT, "no such table").as_error(0, command)
                 return {"nftables": head + doc}
             if what == "ruleset":
-                return {"nftables": head + [o for t in tables for o in listing(t)]}
+                return {"nftables": head + [o for t in tables for o in self._listing(t)]}
             if what == "tables":
                 return {"nftables": head + [{"table": dict(t.obj)} for t in tables]}
             if what in ("chains", "sets", "maps"):
@@ -108,13 +132,16 @@ class FakeBackend:
                 if what == "sets" and missing:
                     raise Refused(ENOENT, "no such table").as_error(0, command)
                 kind = what[:-1]
-                objs = [o for t in tables for o in listing(t, elems=False) if kind in o]
+                objs = [o for t in tables for o in self._listing(t, elems=False) if kind in o]
                 return {"nftables": head + objs}
         raise NotImplementedError(f"FakeBackend does not model list {what}")
 
     def _list_table_locked(self, family: str, table: str) -> list[Json] | None:
         t = self._tables.get((family, table))
-        return None if t is None else listing(t)
+        return None if t is None else self._listing(t)
+
+    def _listing(self, t: FTable, *, elems: bool = True) -> list[Json]:
+        return listing(t, elems=elems, dynamic_flag=self._v11)
 
     def list_table(self, family: str, table: str) -> Json | None:
         self._check_started()
@@ -128,7 +155,7 @@ class FakeBackend:
             t = self._tables.get((family, table))
             if t is None:
                 return None
-            return TableListing.from_json(family, table, listing(t, elems=False))
+            return TableListing.from_json(family, table, self._listing(t, elems=False))
 
     def delete_tables(self, table: str) -> None:
         self.commit(delete_tables_commands(table))

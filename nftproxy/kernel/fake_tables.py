@@ -25,9 +25,11 @@ __all__ = [
     "DYNSET_SIZE",
     "EBUSY",
     "EEXIST",
+    "EINVAL_TYPE",
     "EMLINK",
     "ENOENT",
     "EOPNOTSUPP",
+    "VERDICTS",
     "FChain",
     "FElem",
     "FRule",
@@ -54,6 +56,9 @@ EEXIST = "File exists"
 EBUSY = "Device or resource busy"
 EOPNOTSUPP = "Operation not supported"
 EMLINK = "Too many links"
+EINVAL_TYPE = "Invalid set datatype"
+"""libnftables 1.0.6's JSON parser on a typeof declaration (not an errno)."""
+VERDICTS = frozenset({"accept", "drop", "continue", "return", "jump", "goto", "queue"})
 _ERRORS: dict[str, type[NftRejected]] = {
     ENOENT: NftNotFound,
     EEXIST: NftExists,
@@ -222,12 +227,15 @@ def check_table_loops(t: FTable) -> None:
                 stack.append((nxt, iter(successors(t.chains[nxt]))))
 
 
-def listing(t: FTable, *, elems: bool = True) -> list[Json]:
+def listing(t: FTable, *, elems: bool = True, dynamic_flag: bool = False) -> list[Json]:
     """One table as libnftables 1.0.6 lists it: the table, sets and maps in
-    creation order, chains in creation order, then each chain's rules."""
+    creation order, chains in creation order, then each chain's rules;
+    `dynamic_flag`: list a dynamic set's "dynamic" flag, as 1.1.x does."""
     out: list[Json] = [{"table": dict(t.obj)}]
     for s in t.sets.values():
         obj = json.loads(dumps(s.obj))
+        if dynamic_flag and s.dynamic:
+            obj["flags"] = [*obj.get("flags", ()), "dynamic"]
         if elems and s.elems:
             obj["elem"] = [json.loads(dumps(e.item)) for e in s.elems.values()]
         out.append({s.kind: obj})

@@ -28,6 +28,12 @@ earlier transaction than its first update rule stays plain. Binding an
 update rule also sets the size of a set without one to 65535 (listed).
 Re-declaring a plain set with another timeout (or none) is accepted and
 sets (or clears) its timeout.
+libnftables 1.1.x (`v11=True`) differs: it also marks an existing set
+dynamic when the batch re-adds it with an update rule, so that re-add is
+accepted; and it takes declarations by typeof (`"type": {"typeof": ...}`,
+verdict maps' data as `{"typeof": <verdict>}`), listed back with the key
+expression and `"map": "verdict"`, which 1.0.6's JSON parser refuses
+("Invalid set datatype").
 """
 
 from __future__ import annotations
@@ -40,8 +46,10 @@ from nftproxy.kernel.fake_tables import (
     DYNSET_SIZE,
     EBUSY,
     EEXIST,
+    EINVAL_TYPE,
     ENOENT,
     EOPNOTSUPP,
+    VERDICTS,
     FChain,
     FElem,
     FRule,
@@ -73,10 +81,13 @@ class Txn:
         tables: dict[TableKey, FTable],
         next_table_handle: int,
         evaluated: frozenset[SetKey] = frozenset(),
+        *,
+        v11: bool = False,
     ) -> None:
         self.tables = dict(tables)
         self.next_table_handle = next_table_handle
         self.evaluated = evaluated
+        self.v11 = v11
         self.edges_added: set[TableKey] = set()
         self._own: set[int] = set()  # ids of objects copied (or made) in this txn
 
@@ -242,16 +253,18 @@ class Txn:
         type_ = spec["type"]
         obj["type"] = type_[0] if isinstance(type_, list) and len(type_) == 1 else type_
         if kind == "map":
-            obj["map"] = spec["map"]
+            obj["map"] = self._data_type(spec["map"])
+        if isinstance(type_, dict) and not self.v11:
+            raise Refused(EINVAL_TYPE, f"{kind} {name}: typeof in JSON (libnftables 1.0.6)")
         for key in ("flags", "timeout", "comment"):
             if spec.get(key):
                 obj[key] = spec[key]
         old = t.sets.get(name)
+        evaluated = (spec["family"], spec["table"], name) in self.evaluated
         if old is None:
             obj["handle"] = t.handle()
-            dynamic = (spec["family"], spec["table"], name) in self.evaluated
-            t.sets[name] = self._mine(FSet(kind, obj, dynamic=dynamic))
-        elif old.dynamic:
+            t.sets[name] = self._mine(FSet(kind, obj, dynamic=evaluated))
+        elif old.dynamic and not (self.v11 and evaluated):
             raise Refused(EEXIST, f"dynamic {kind} {name} re-added without 'dynamic'")
         else:
             mine = (kind, obj["type"], obj.get("map"), set(obj.get("flags", ())))
@@ -261,6 +274,17 @@ class Txn:
             self._retime(t, name, obj.get("timeout"))
         if spec.get("elem"):
             self._add_element(spec)
+
+    def _data_type(self, data: object) -> object:
+        """A map's data type as listed: a typeof verdict lists as "verdict"."""
+        if not isinstance(data, dict):
+            return data
+        if not self.v11:
+            raise Refused(EINVAL_TYPE, "typeof map data in JSON (libnftables 1.0.6)")
+        verdict = data.get("typeof")
+        if not (isinstance(verdict, dict) and set(verdict) <= VERDICTS):
+            raise NotImplementedError(f"FakeBackend does not model map data {data}")
+        return "verdict"
 
     def _retime(self, t: FTable, name: str, timeout: int | None) -> None:
         """A re-added set takes the new default timeout, or none (kernel 6.x)."""

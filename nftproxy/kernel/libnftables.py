@@ -3,7 +3,9 @@
 Layer: kernel edge (the only module that talks to libnftables; its test
 double is kernel/fake.py). One job: apply one JSON transaction atomically and
 list what one table holds (`list_table_objects` -> core/nft/listing.py
-`TableListing`). Callers: the proxier (commit, list_table_objects), the agent
+`TableListing`), and say which dialect its JSON declares sets in
+(`accepts_typeof`: typeof for 1.1.x, datatypes for 1.0.6; core/nft/ops.py).
+Callers: the proxier (commit, list_table_objects, accepts_typeof), the agent
 (start, close), the CLI (list_table for `dump`, delete_tables for `cleanup`)
 and the tests; `cli.py` builds the real NftBackend, tests build FakeBackend.
 
@@ -19,7 +21,7 @@ that serves every call over a queue:
 - echo stays off (it costs a second per large transaction); JSON output on.
 Full syncs of a large cluster may use `commit(..., fresh=True)`: a temporary
 context on the same worker, freed right after, then `malloc_trim(0)` -- its
-cache holds hundreds of MB (DESIGN.md §5; nft-python-notes.md §2 "Memory").
+cache holds hundreds of MB (docs/architecture.md; docs/nft-python-notes.md §2 "Memory").
 
 Listing on 1.0.6 (measured, 10k chains + 20k rules + a 10k-element map):
 `list table` 330-410 ms; `list tables` ~200 ms (it fetches everything);
@@ -50,6 +52,7 @@ from nftproxy.core.nft.errors import (
 )
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.kernel import netns as _netns
+from nftproxy.kernel.nftgen import read_generation
 
 __all__ = [
     "NftBackend",
@@ -112,7 +115,7 @@ def malloc_trim() -> None:
 def _new_context() -> Any:
     """A libnftables context for the calling thread's netns: JSON out, no echo."""
     try:
-        import nftables  # Debian python3-nftables (DESIGN.md §5)
+        import nftables  # Debian python3-nftables (docs/architecture.md)
     except ImportError as exc:
         raise NftUnavailable("python module 'nftables' (python3-nftables) not found") from exc
     try:
@@ -134,6 +137,34 @@ def _run_fresh(text: str) -> tuple[int, str, str]:
     result = _run(ctx, text)
     del ctx  # the last reference: Nftables.__del__ -> nft_ctx_free(), now
     return result
+
+
+_TYPEOF_PROBE = {
+    "nftables": [
+        {"add": {"table": {"family": "ip", "name": "nftproxy-typeof-probe"}}},
+        {
+            "add": {
+                "set": {
+                    "family": "ip",
+                    "table": "nftproxy-typeof-probe",
+                    "name": "probe",
+                    "type": {"typeof": {"meta": {"key": "l4proto"}}},
+                }
+            }
+        },
+    ]
+}
+
+
+def _accepts_typeof(ctx: Any) -> bool:
+    """Whether this libnftables' JSON declares sets by typeof: a dry run
+    (nothing reaches the kernel); 1.0.6 refuses it as "Invalid set datatype"."""
+    ctx.set_dry_run(True)
+    try:
+        rc, _, _ = _run(ctx, json.dumps(_TYPEOF_PROBE))
+    finally:
+        ctx.set_dry_run(False)
+    return rc == 0
 
 
 def _run_terse(ctx: Any, text: str) -> tuple[int, str, str]:
@@ -200,6 +231,17 @@ class NftBackend(_netns.WorkerOwner[Any]):
 
     def __init__(self, *, netns: str | None = None) -> None:
         self._worker = _netns.Worker(netns, _new_context, name="nft", wrap_error=_unavailable)
+        self._typeof: bool | None = None
+
+    def accepts_typeof(self) -> bool:
+        """True for libnftables 1.1.x, False for 1.0.6 (probed once)."""
+        if self._typeof is None:
+            self._typeof = self._call(_accepts_typeof)
+        return self._typeof
+
+    def generation(self) -> int:
+        """The ruleset generation of the backend's namespace (kernel/nftgen.py)."""
+        return self._call(lambda _ctx: read_generation())
 
     def close(self) -> None:
         """Free the context, stop the worker, give memory back. Idempotent."""

@@ -11,7 +11,11 @@ counts after each sync.
 - `ProxyHealth`: the state. Unhealthy once a queued change has waited longer
   than `timeout` (2 x syncPeriod) without a successful sync. /healthz also
   needs this node to be eligible: its Node object known, not being deleted,
-  not tainted ToBeDeletedByClusterAutoscaler.
+  not tainted ToBeDeletedByClusterAutoscaler; and no source problem (a TLS
+  or auth failure of the API source, `problems_from`) older than `timeout`
+  -- the body's "problem" says which (kube-proxy has no such check: its
+  healthz only goes stale; /livez ignores problems, a restart does not fix
+  a CA or a credential).
 - `HealthServer`: serves /healthz and /livez (200 or 503, JSON body with
   lastUpdated/currentTime, nodeEligible on /healthz; any other path 404).
 - `ServiceHealthServers`: one server per service with
@@ -34,7 +38,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -48,6 +52,7 @@ __all__ = [
     "HealthStatus",
     "ProxyHealth",
     "ServiceHealthServers",
+    "SourceProblem",
 ]
 
 BindErrorCallback = Callable[[NamespacedName, int, OSError], None]
@@ -64,6 +69,17 @@ class HealthStatus:
     node_eligible: bool
     last_updated: float
     current_time: float
+    problem: str = ""  # why the source cannot list, once that is stale ("" when fine)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceProblem:
+    """A failure of the cluster source that waiting does not heal (TLS,
+    401, 403): `what` with its cause, `since` on ProxyHealth's monotonic
+    clock."""
+
+    what: str
+    since: float
 
 
 class ProxyHealth:
@@ -90,6 +106,11 @@ class ProxyHealth:
         self._last_updated = 0.0
         self._oldest_queued: float | None = None
         self._node: NodeInfo | None = None
+        self._problems: Callable[[], Sequence[SourceProblem]] = tuple
+
+    def problems_from(self, read: Callable[[], Sequence[SourceProblem]]) -> None:
+        """Read the source's current problems at each /healthz answer."""
+        self._problems = read
 
     def queued(self) -> None:
         with self._lock:
@@ -123,7 +144,15 @@ class ProxyHealth:
             # kube-proxy reports "now" as lastUpdated while healthy (old clients
             # compare the two).
             last = now if healthy else self._last_updated
-            return HealthStatus(healthy, eligible, last, now)
+            return HealthStatus(healthy, eligible, last, now, self._stale_problem())
+
+    def _stale_problem(self) -> str:
+        """The problems that have lasted longer than `timeout`, as a pending
+        change does before it turns /healthz unhealthy: the rules can no
+        longer follow the cluster."""
+        now = self.monotonic()
+        stale = [p.what for p in self._problems() if now - p.since > self.timeout]
+        return "; ".join(stale)
 
 
 def _timestamp(epoch: float) -> str:
@@ -149,13 +178,15 @@ def livez_response(status: HealthStatus) -> Response:
 
 
 def healthz_response(status: HealthStatus) -> Response:
-    ok = status.healthy and status.node_eligible
-    body = {
+    ok = status.healthy and status.node_eligible and not status.problem
+    body: dict[str, Any] = {
         "lastUpdated": _timestamp(status.last_updated),
         "currentTime": _timestamp(status.current_time),
         "nodeEligible": status.node_eligible,
-        "healthy": status.healthy,
+        "healthy": status.healthy and not status.problem,
     }
+    if status.problem:
+        body["problem"] = status.problem
     return _json(200 if ok else 503, body)
 
 

@@ -21,7 +21,13 @@ proxy_livez_total{code}, conntrack_reconciler_sync_duration_seconds,
 conntrack_reconciler_deleted_entries_total. nftproxy's own, namespace
 `nftproxy`: sync_transaction_ops (histogram), sync_render_duration_seconds,
 sync_commit_duration_seconds, programmed_{chains,rules,sets,elements}
-{ip_family}, sync_skipped_total.
+{ip_family}, sync_skipped_total, invalid_fields_total{kind},
+drift_repairs_total{reason} (agent/drift.py), conntrack_cleanup_errors_total,
+and, with the API server source, the informers' api_synced, api_objects,
+api_watch_events_total, api_relists_total {resource}, api_errors_total
+{resource,reason}.
+Also prometheus_client's process_* (RSS, CPU, fds), as kube-proxy has them.
+docs/metrics.md lists them all next to kube-proxy's.
 
 Dual-stack: both families sync in one transaction, so there is no
 ip_family label on kube-proxy's names. A dual-stack Service is one change in
@@ -37,7 +43,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import (
@@ -46,8 +52,11 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from nftproxy.core.address import parse_address
 from nftproxy.core.tracker import UpdateResult
@@ -108,6 +117,65 @@ class SyncSummary(Protocol):
     def skipped(self) -> str: ...
 
 
+class WatchStats(Protocol):
+    """What watch_from reads of one informer (cluster.informer.ResourceStats)."""
+
+    @property
+    def relists(self) -> int: ...
+
+    @property
+    def events(self) -> int: ...
+
+    @property
+    def error_reasons(self) -> Mapping[str, int]: ...
+
+    @property
+    def objects(self) -> int: ...
+
+    @property
+    def synced(self) -> bool: ...
+
+
+class _WatchCollector(Collector):
+    """nftproxy_api_* per watched resource, read from the informers' own
+    counters at each scrape (no cost per event)."""
+
+    def __init__(self, read: Callable[[], Mapping[str, WatchStats]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.read()
+        labels = ["resource"]
+        families: list[tuple[GaugeMetricFamily | CounterMetricFamily,
+                             Callable[[WatchStats], float]]] = [
+            (GaugeMetricFamily(f"{_NFTPROXY}_api_synced",
+                               "1 once the first list of the resource is complete",
+                               labels=labels), lambda s: float(s.synced)),
+            (GaugeMetricFamily(f"{_NFTPROXY}_api_objects",
+                               "Objects of the resource held by its informer",
+                               labels=labels), lambda s: s.objects),
+            (CounterMetricFamily(f"{_NFTPROXY}_api_watch_events",
+                                 "Watch events (added, modified, deleted) received",
+                                 labels=labels), lambda s: s.events),
+            (CounterMetricFamily(f"{_NFTPROXY}_api_relists",
+                                 "Lists repeated after 410 Gone", labels=labels),
+             lambda s: s.relists),
+        ]
+        for family, value in families:
+            for resource, one in sorted(stats.items()):
+                family.add_metric([resource], value(one))
+            yield family
+        errors = CounterMetricFamily(
+            f"{_NFTPROXY}_api_errors",
+            "Failed list or watch requests and broken watch streams, by reason (unreachable, "
+            "tls, unauthorized, forbidden, http, stream, internal)",
+            labels=["resource", "reason"])
+        for resource, one in sorted(stats.items()):
+            for reason, count in sorted(one.error_reasons.items()):
+                errors.add_metric([resource, reason], count)
+        yield errors
+
+
 class Metrics(HttpEndpoint):
     """Every metric of nftproxy, registered in `registry` (a fresh one when
     None: never the process-wide default). `clock` gives epoch seconds."""
@@ -125,6 +193,7 @@ class Metrics(HttpEndpoint):
         self.start_time = -math.inf
         super().__init__(self._app, name="metrics")
         r = self.registry
+        ProcessCollector(registry=r)  # process_* (RSS, CPU, fds), as kube-proxy exports
 
         def histogram(name: str, doc: str, buckets: Sequence[float], ns: str) -> Histogram:
             return Histogram(name, doc, namespace=ns, registry=r, buckets=buckets)
@@ -205,6 +274,14 @@ class Metrics(HttpEndpoint):
             "invalid_fields_total",
             "Invalid fields skipped in API objects (each reported once per object)",
             ["kind"], namespace=nf, registry=r)
+        self.drift_repairs = Counter(
+            "drift_repairs_total",
+            "Full syncs forced because another process changed nftables, by what the "
+            "listing showed (table, chains, sets, foreign_commit)",
+            ["reason"], namespace=nf, registry=r)
+        self.conntrack_errors = Counter(
+            "conntrack_cleanup_errors_total",
+            "Failed conntrack dumps and deletes during cleanup", namespace=nf, registry=r)
 
     # ---- recording ------------------------------------------------------------
 
@@ -245,6 +322,11 @@ class Metrics(HttpEndpoint):
         """One invalid field skipped in an object of `kind` (Service, ...)."""
         self.invalid_fields.labels(kind).inc()
 
+    def watch_from(self, read: Callable[[], Mapping[str, WatchStats]]) -> None:
+        """Export the API informers' counters (resource -> stats, read at
+        every scrape) as nftproxy_api_*; call once."""
+        self.registry.register(_WatchCollector(read))
+
     def record_failure(self) -> None:
         self.sync_failures.inc()
 
@@ -271,10 +353,16 @@ class Metrics(HttpEndpoint):
         counter = self.healthz if endpoint == "healthz" else self.livez
         counter.labels(str(code)).inc()
 
-    def record_conntrack(self, seconds: float, *, deleted: int) -> None:
+    def record_conntrack(self, seconds: float, *, deleted: int, errors: int = 0) -> None:
         self.conntrack_duration.observe(seconds)
         if deleted:
             self.conntrack_deleted.inc(deleted)
+        if errors:
+            self.conntrack_errors.inc(errors)
+
+    def record_drift_repair(self, reason: str) -> None:
+        """A full sync forced by agent/drift.py committed."""
+        self.drift_repairs.labels(reason).inc()
 
     # ---- serving --------------------------------------------------------------
 

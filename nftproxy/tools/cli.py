@@ -1,4 +1,4 @@
-"""The `nftproxy` command line: run | sync | dump | cleanup | demo.
+"""The `nftproxy` command line: run | sync | dump | trace | cleanup | demo.
 
 Layer: cli (top; the one place that builds real edges). One job: parse
 flags, load the configuration (flags override the KubeProxyConfiguration
@@ -7,7 +7,8 @@ config) -> int` per subcommand. Exit codes: 0 ok, 1 failure (including "needs
 root"), 2 usage or configuration error. `run` is the long-running agent;
 `sync` programs the table once from files and exits (`--once`, which it used
 to require, is still accepted and does nothing). What `sync` reads and
-prints lives in tools/dry_run.py.
+prints lives in tools/dry_run.py; the flag groups each subcommand combines
+(so its --help lists only what it reads) live in tools/cli_flags.py.
 
 Node name: --node-name, else the file's hostnameOverride, else $NODE_NAME.
 Commands that talk to the API server fall back to the hostname; file sources
@@ -28,21 +29,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from nftproxy.agent.agent import Agent, ConntrackEdge, Source, SourceFactory
+from nftproxy.agent.agent import (
+    Agent,
+    ConntrackEdge,
+    Source,
+    SourceFactory,
+    SyncFailureCallback,
+)
+from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import ClusterEvents
 from nftproxy.cluster.file import FileSource, SourceError, WatchedFiles
 from nftproxy.cluster.recorder import Recorder
-from nftproxy.core.config import PRIMARY, DetectLocalMode, ProxyConfig
+from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import NamespacedName
 from nftproxy.core.nft.errors import NftError
+from nftproxy.kernel.addresses import AddressesUnavailable, AddressWatch, read_host_addresses
 from nftproxy.kernel.libnftables import NftBackend, malloc_trim, tune_malloc
 from nftproxy.kernel.sysctl import HostFS
 from nftproxy.serving.health import BindErrorCallback
+from nftproxy.tools.cli_flags import agent_flags, flag_overrides, ruleset_flags, table_flags
 from nftproxy.tools.config_load import build_config, load_config_file
-from nftproxy.tools.config_values import ConfigError, parse_duration
+from nftproxy.tools.config_values import ConfigError
 from nftproxy.tools.dry_run import dry_run, proxier_from_files
 from nftproxy.tools.dump import parse_table, render_text
 from nftproxy.tools.log import setup_logging
+from nftproxy.tools.trace import add_parser as add_trace_parser
+from nftproxy.tools.trace import command as trace_command
 
 __all__ = ["build_parser", "main"]
 
@@ -74,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common_flags()
+    """Each subcommand lists only the flags it reads (tests/test_cli.py)."""
+    table, ruleset, agent = table_flags(), ruleset_flags(), agent_flags()
     parser = argparse.ArgumentParser(
         prog="nftproxy",
         description="Kubernetes service proxy for nft-native nodes: kube-proxy's KUBE-* "
@@ -83,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     run = sub.add_parser(
-        "run", parents=[common], help="run the proxy agent (watch the cluster, keep rules in sync)"
+        "run", parents=[ruleset, agent, table],
+        help="run the proxy agent (watch the cluster, keep rules in sync)",
     )
     run.add_argument("--kubeconfig", metavar="FILE",
                      help="kubeconfig to use (default: in-cluster config, then ~/.kube/config)")
@@ -92,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "server; repeatable; edits are picked up")
     run.set_defaults(handler=_cmd_run)
 
-    sync = sub.add_parser("sync", parents=[common],
+    sync = sub.add_parser("sync", parents=[ruleset, table],
                           help="program the rules once from files and exit")
     # `sync` always syncs once; --once stays accepted for scripts written when it was required
     sync.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
@@ -103,17 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print what would be programmed; touch nothing")
     sync.set_defaults(handler=_cmd_sync)
 
-    dump = sub.add_parser("dump", parents=[common],
+    dump = sub.add_parser("dump", parents=[table],
                           help="show the programmed table per service port")
     dump.add_argument("--json", action="store_true", help="print JSON instead of text")
     dump.add_argument("--service", metavar="NS/NAME", help="only this service")
     dump.set_defaults(handler=_cmd_dump)
 
-    cleanup = sub.add_parser("cleanup", parents=[common],
+    trace = add_trace_parser(sub, [ruleset, table])
+    trace.set_defaults(handler=_cmd_trace)
+
+    cleanup = sub.add_parser("cleanup", parents=[table],
                              help="delete nftproxy's tables and exit")
     cleanup.set_defaults(handler=_cmd_cleanup)
 
-    demo = sub.add_parser("demo", parents=[common],
+    demo = sub.add_parser("demo", parents=[ruleset, agent, table],
                           help="run on the embedded sample cluster in network namespaces")
     demo.add_argument("--once", action="store_true", help="sync and check once, then exit")
     demo.add_argument("--source", metavar="FILE",
@@ -123,90 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _common_flags() -> argparse.ArgumentParser:
-    """Flags every subcommand takes; None means "not given" (the file or default applies)."""
-    p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("configuration (flags override --config)")
-    g.add_argument("--config", metavar="FILE", help="KubeProxyConfiguration YAML file")
-    g.add_argument("--node-name", metavar="NAME",
-                   help="this node's name (default: $NODE_NAME, then the hostname; "
-                   "with --source, the only Node in the files)")
-    g.add_argument("--node-ip", metavar="IP", action="append",
-                   help="this node's primary IP; repeat once per family")
-    g.add_argument("--cluster-cidr", metavar="CIDRS",
-                   help="pod CIDRs, comma-separated (one per family)")
-    modes = [m.value for m in DetectLocalMode]
-    g.add_argument("--detect-local-mode", choices=modes, metavar="MODE",
-                   help=f"how pod traffic is told apart: {', '.join(modes)} "
-                   "(default ClusterCIDR)")
-    g.add_argument("--pod-bridge-interface", metavar="IFACE",
-                   help="pods' bridge, for --detect-local-mode BridgeInterface")
-    g.add_argument("--pod-interface-name-prefix", metavar="PREFIX",
-                   help="pods' interface prefix, for --detect-local-mode InterfaceNamePrefix")
-    g.add_argument("--nodeport-addresses", metavar="CIDRS",
-                   help=f"CIDRs serving node ports, comma-separated, or {PRIMARY!r} "
-                   "(default: every local address)")
-    g.add_argument("--masquerade-all", action="store_true", default=None,
-                   help="masquerade all traffic sent to service IPs")
-    g.add_argument("--masquerade-bit", metavar="N", type=int,
-                   help="packet mark bit for masquerading, 0..31 (default 14)")
-    g.add_argument("--table-name", metavar="NAME",
-                   help="nftables table name, in families ip and ip6 (default nftproxy)")
-    g.add_argument("--healthz-bind-address", metavar="IP:PORT",
-                   help="health server address (default 0.0.0.0:10256; empty disables)")
-    g.add_argument("--metrics-bind-address", metavar="IP:PORT",
-                   help="metrics server address (default 127.0.0.1:10249; empty disables)")
-    g.add_argument("--sync-period", metavar="DURATION",
-                   help="longest time between syncs, e.g. 30s (default)")
-    g.add_argument("--min-sync-period", metavar="DURATION",
-                   help="shortest time between syncs, e.g. 1s (default)")
-    p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more log detail (-v debug, -vv trace)")
-    return p
-
-
 # -- configuration --------------------------------------------------------------------
 
 
 def _load_config(args: argparse.Namespace) -> ProxyConfig:
     file_overrides: dict[str, Any] = {}
-    if args.config:
-        file_overrides, warnings = load_config_file(args.config)
+    path = getattr(args, "config", None)
+    if path:
+        file_overrides, warnings = load_config_file(
+            path, hard_fail=getattr(args, "config_hard_fail", None)
+        )
         for warning in warnings:
-            _log.warning("%s: %s", args.config, warning)
-    config = build_config(file_overrides, _flag_overrides(args))
+            _log.warning("%s: %s", path, warning)
+    config = build_config(file_overrides, flag_overrides(args))
     env_name = os.environ.get("NODE_NAME", "").strip().lower()
     if not config.node_name and env_name:
         config = replace(config, node_name=env_name)
     return config
-
-
-def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "node_name": args.node_name,
-        "node_ips": args.node_ip,
-        "cluster_cidrs": args.cluster_cidr,
-        "detect_local_mode": args.detect_local_mode,
-        "bridge_interface": args.pod_bridge_interface,
-        "interface_name_prefix": args.pod_interface_name_prefix,
-        "nodeport_addresses": args.nodeport_addresses,
-        "masquerade_all": args.masquerade_all,
-        "masquerade_bit": args.masquerade_bit,
-        "table_name": args.table_name,
-        "healthz_bind_address": args.healthz_bind_address,
-        "metrics_bind_address": args.metrics_bind_address,
-        "sync_period": _duration_flag("--sync-period", args.sync_period),
-        "min_sync_period": _duration_flag("--min-sync-period", args.min_sync_period),
-    }
-
-
-def _duration_flag(flag: str, text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def _with_hostname(config: ProxyConfig) -> ProxyConfig:
@@ -233,12 +183,15 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
     if (rc := _needs_root("run")) is not None:
         return rc
     on_bind_error: BindErrorCallback | None = None
+    on_sync_failure: SyncFailureCallback | None = None
     try:
         if args.source:
             config, source_factory = _file_source(args.source, config)
         else:
             config = _with_hostname(config)
-            source_factory, on_bind_error = _kube_source(args.kubeconfig, config.node_name)
+            source_factory, on_bind_error, on_sync_failure = _kube_source(
+                args.kubeconfig, config.node_name
+            )
     except (SourceError, _StartError) as exc:
         print(f"nftproxy: run: {exc}", file=sys.stderr)
         return 1
@@ -249,7 +202,9 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
         source_factory=source_factory,
         sysctl_fs=HostFS(),
         conntrack=_conntrack(),
+        host_addresses=AddressWatch(),
         on_bind_error=on_bind_error,
+        on_sync_failure=on_sync_failure,
         trim_memory=malloc_trim,
     )
     stop = threading.Event()
@@ -292,7 +247,12 @@ def _file_source(paths: Sequence[str], config: ProxyConfig) -> tuple[ProxyConfig
     return config, source_factory
 
 
-def _kube_source(kubeconfig: str | None, node_name: str) -> tuple[SourceFactory, BindErrorCallback]:
+def _kube_source(
+    kubeconfig: str | None, node_name: str
+) -> tuple[SourceFactory, BindErrorCallback, SyncFailureCallback]:
+    """The API source, and the callbacks that post Events: a health-check
+    port that cannot be bound (about the Service), a refused sync (about
+    this Node)."""
     try:  # imported lazily: the kubernetes client costs ~0.5 s to import
         from nftproxy.cluster.kube import KubeSource, from_config
         from nftproxy.cluster.kube_events import EventRecorder
@@ -308,16 +268,24 @@ def _kube_source(kubeconfig: str | None, node_name: str) -> tuple[SourceFactory,
     def source_factory(handler: ClusterEvents) -> Source:
         return KubeSource(api_client, handler, node_name=node_name)
 
+    def post(**event: str) -> None:
+        threading.Thread(  # the recorder calls the API synchronously: not in the sync
+            target=recorder.record, name="event", daemon=True, kwargs=event
+        ).start()
+
     def on_bind_error(service: NamespacedName, port: int, error: OSError) -> None:
         message = (f"node {node_name} failed to start healthcheck \"{service}\" "
                    f"on port {port}: {error}")
-        threading.Thread(  # the recorder calls the API synchronously: not in the sync
-            target=recorder.record, name="event", daemon=True,
-            kwargs={"namespace": service.namespace, "name": service.name,
-                    "reason": "FailedToStartServiceHealthcheck", "message": message},
-        ).start()
+        post(namespace=service.namespace, name=service.name,
+             reason="FailedToStartServiceHealthcheck", message=message)
 
-    return source_factory, on_bind_error
+    def on_sync_failure(error: Exception) -> None:
+        text = " ".join(str(error).split())  # libnftables' text spans lines
+        post(namespace="default", name=node_name, uid=node_name, kind="Node",
+             reason="SyncProxyRulesFailed",
+             message=f"syncing proxy rules failed, retrying: {text}"[:1024])
+
+    return source_factory, on_bind_error, on_sync_failure
 
 
 def _conntrack() -> ConntrackEdge | None:
@@ -343,6 +311,7 @@ def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
     with NftBackend() as backend:
         try:
             proxier = proxier_from_files(args.source, config, backend)
+            _read_host_addresses(proxier)
             report = proxier.sync()
         except (SourceError, NftError) as exc:
             print(f"nftproxy: sync: {exc}", file=sys.stderr)
@@ -350,6 +319,16 @@ def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
     print(f"synced: {'full' if report.full else 'partial'}, {report.ops} commands, "
           f"{report.total_seconds * 1000:.1f} ms", file=sys.stderr)
     return 0
+
+
+def _read_host_addresses(proxier: Proxier) -> None:
+    """Node ports restricted by nodePortAddresses: this host's addresses, once."""
+    if not proxier.config.nodeport_addresses_restricted:
+        return
+    try:
+        proxier.on_host_addresses(read_host_addresses())
+    except AddressesUnavailable as exc:
+        _log.error("%s; node ports use the Node's addresses", exc)
 
 
 def _cmd_dump(args: argparse.Namespace, config: ProxyConfig) -> int:
@@ -371,6 +350,13 @@ def _cmd_dump(args: argparse.Namespace, config: ProxyConfig) -> int:
     else:
         print("\n".join(render_text(v) for v in views))
     return 0
+
+
+def _cmd_trace(args: argparse.Namespace, config: ProxyConfig) -> int:
+    """tools/trace.py; the live tables need root, --source FILE does not."""
+    if not args.source and (rc := _needs_root("trace")) is not None:
+        return rc
+    return trace_command(args, config)
 
 
 def _cmd_cleanup(args: argparse.Namespace, config: ProxyConfig) -> int:

@@ -30,9 +30,12 @@ __all__ = [
     "ConfigError",
     "Normaliser",
     "as_bool",
+    "as_cidrs",
     "as_ip",
+    "as_port",
     "as_seconds",
     "as_str",
+    "bind_address_of",
     "fail",
     "parse_duration",
 ]
@@ -218,6 +221,55 @@ def _host_port(label: str, value: Any, default_port: int) -> str:
     return format_address(host, port)
 
 
+def as_cidrs(label: str, value: Any) -> tuple[str, ...]:
+    """A list of CIDRs, any number per family (bind address ranges)."""
+    return tuple(_cidr(label, v) for v in _list(label, value))
+
+
+def as_port(label: str, value: Any) -> int:
+    """A TCP port, 1..65535; 0 means "not set" (the caller's default)."""
+    port = _int(label, value)
+    if not 0 <= port <= 65535:
+        raise fail(label, f"{port} is not in 1..65535")
+    return port
+
+
+def bind_address_of(cidrs: Iterable[str], port: int, node_ips: Iterable[str]) -> str | None:
+    """v1alpha2's bind ranges and port as the one `ip:port` nftproxy listens
+    on, or None when no single address stands for them. kube-proxy serves on
+    every node address inside the ranges; one socket does the same for the
+    ranges used in practice: all /0 -> the wildcard ("[::]" serves both
+    families), loopback ranges only -> 127.0.0.1 (else ::1), a single
+    address -> it, else the one node IP (nodeIPOverride) inside a range.
+
+    >>> bind_address_of(["0.0.0.0/0", "::/0"], 10256, [])
+    '[::]:10256'
+    >>> bind_address_of(["127.0.0.0/8", "::1/128"], 10249, [])
+    '127.0.0.1:10249'
+    >>> bind_address_of(["10.0.0.0/8"], 10249, ["10.1.2.3"])
+    '10.1.2.3:10249'
+    """
+    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    if not nets:
+        return None
+    if all(n.prefixlen == 0 for n in nets):
+        host = "::" if any(n.version == 6 for n in nets) else "0.0.0.0"
+    elif all(_is_loopback(n) for n in nets):
+        host = "127.0.0.1" if any(n.version == 4 for n in nets) else "::1"
+    elif len(nets) == 1 and nets[0].prefixlen == nets[0].max_prefixlen:
+        host = str(nets[0].network_address)
+    else:
+        inside = [ip for ip in node_ips if any(ipaddress.ip_address(ip) in n for n in nets)]
+        if len(inside) != 1:
+            return None
+        host = inside[0]
+    return format_address(host, port)
+
+
+def _is_loopback(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    return net.network_address.is_loopback and net.broadcast_address.is_loopback
+
+
 def _node_name(label: str, value: Any) -> str:
     return as_str(label, value).lower()
 
@@ -280,7 +332,17 @@ SETTINGS: dict[str, tuple[Normaliser, str, str]] = {
         "--metrics-bind-address",
     ),
     "config_sync_period": (as_seconds, "configSyncPeriod", "--config-sync-period"),
-    "prefer_same_node": (as_bool, "preferSameNode", "--prefer-same-node"),
+    "prefer_same_node": (
+        as_bool,
+        "featureGates.PreferSameTrafficDistribution",
+        "--prefer-same-node",
+    ),
+    "allow_service_external_ips": (
+        as_bool,
+        "featureGates.AllowServiceExternalIPs",
+        "--allow-service-external-ips",
+    ),
+    "bind_address_hard_fail": (as_bool, "bindAddressHardFail", "--bind-address-hard-fail"),
 }
 
 # ConntrackConfig field -> (normaliser, camelCase name in `conntrack:`)

@@ -55,6 +55,7 @@ from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.errors import NftError
 from nftproxy.kernel import netns
+from nftproxy.kernel.addresses import AddressWatch
 from nftproxy.kernel.libnftables import NftBackend
 from nftproxy.tools.demo_report import (
     Addresses,
@@ -297,6 +298,7 @@ class _Demo:
             backend=NftBackend(netns=topo.node),
             source_factory=self.source_factory,
             conntrack=_conntrack(topo.node),
+            host_addresses=AddressWatch(netns=topo.node),
             hooks=[self.syncs],
         )
         stack.callback(agent.stop)

@@ -6,10 +6,12 @@ One job: from the objects the file source delivered (`Cluster`) and the
 sandbox's addresses (`Addresses`), list every path worth trying per service
 port (`plan` -> `Block`s of `Check`s: cluster IP, load-balancer VIPs from
 inside and outside loadBalancerSourceRanges, external IPs, the node port,
-the healthCheckNodePort), then turn what each path did (`Result`) into one
-row -- who answered how often and which source the pod saw, or how it
-failed (reject, drop) and why the service says it should (`describe`,
-`render`). Nothing here sends a packet: demo.py runs the checks.
+the healthCheckNodePort) and its endpoints per IP family (an endpoint can
+be ready in one family's slice and terminating in the other's; each
+family's paths are judged by that family's endpoints only), then turn
+what each path did (`Result`) into one row -- who answered how often and
+which source the pod saw, or how it failed (reject, drop) and why the
+service says it should (`describe`, `render`). Nothing here sends a packet: demo.py runs the checks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 
 from nftproxy.cluster.events import Obj
 from nftproxy.core import convert
+from nftproxy.core.address import format_address
 from nftproxy.core.model import Endpoint, IPFamily, ServicePort, ServicePortName, TrafficPolicy
 from nftproxy.tools.sandbox.probe import Attempt
 
@@ -77,7 +80,7 @@ class Check:
 
     @property
     def target(self) -> str:
-        return f"[{self.addr}]:{self.port}" if ":" in self.addr else f"{self.addr}:{self.port}"
+        return format_address(self.addr, self.port)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,8 @@ class Block:
     """e.g. "ClusterIP, TCP 80"."""
     details: tuple[str, ...]
     """What else shapes its paths: node port, LB, policies, affinity, ranges."""
-    endpoints: str
+    endpoints: tuple[str, ...]
+    """One line per IP family of the service port: "IPv4 endpoints: web-0 ready, ..."."""
     checks: tuple[Check, ...]
     health: HealthCheck | None = None
 
@@ -114,28 +118,30 @@ def plan(cluster: Cluster, sandbox: Addresses) -> list[Block]:
                 ports.setdefault(spn, []).append(sp)
         kind = str((svc.get("spec") or {}).get("type") or "ClusterIP")
         for spn, sps in sorted(ports.items(), key=lambda item: str(item[0])):
-            eps = endpoints.get(spn, [])
-            checks = [c for sp in sps for c in _checks(sp, eps, sandbox)]
+            eps = {sp.family: endpoints.get((spn, sp.family), []) for sp in sps}
+            checks = [c for sp in sps for c in _checks(sp, eps[sp.family], sandbox)]
             health = None
             hc = next((sp.health_check_node_port for sp in sps if sp.health_check_node_port), 0)
             if hc and IPFamily.IPV4 in sandbox.node:
                 health = HealthCheck(sandbox.node[IPFamily.IPV4], hc)
             heading, details = _summary(kind, sps)
             blocks.append(
-                Block(str(spn), heading, details, _endpoint_text(eps, sandbox),
+                Block(str(spn), heading, details,
+                      tuple(_endpoint_text(f, e, sandbox) for f, e in eps.items()),
                       tuple(checks), health)
             )
     return blocks
 
 
-def _endpoints(cluster: Cluster) -> dict[ServicePortName, list[Endpoint]]:
-    out: dict[ServicePortName, list[Endpoint]] = {}
+def _endpoints(cluster: Cluster) -> dict[tuple[ServicePortName, IPFamily], list[Endpoint]]:
+    """The endpoints of each service port in each family (from that family's slices)."""
+    out: dict[tuple[ServicePortName, IPFamily], list[Endpoint]] = {}
     for _key, obj in sorted(cluster.slices.items()):
         info, _problems = convert.slice_info(obj, cluster.node_name)
         if info is None:
             continue
         for spn, eps in info.ports.items():
-            out.setdefault(spn, []).extend(eps)
+            out.setdefault((spn, info.family), []).extend(eps)
     return out
 
 
@@ -195,9 +201,11 @@ def _summary(kind: str, sps: Sequence[ServicePort]) -> tuple[str, tuple[str, ...
     return f"{kind}, {sp.protocol.value} {sp.port}", tuple(parts)
 
 
-def _endpoint_text(eps: Sequence[Endpoint], sandbox: Addresses) -> str:
+def _endpoint_text(family: IPFamily, eps: Sequence[Endpoint], sandbox: Addresses) -> str:
+    """"IPv4 endpoints: web-0 ready, web-1 terminating, web-2 ready on other-node"."""
+    head = f"{family.value} endpoints: "
     if not eps:
-        return "endpoints: none"
+        return head + "none"
     seen: dict[str, str] = {}
     for e in sorted(eps, key=lambda e: (sandbox.pods.get(e.ip, e.ip), e.ip)):
         name = sandbox.pods.get(e.ip)
@@ -205,7 +213,7 @@ def _endpoint_text(eps: Sequence[Endpoint], sandbox: Addresses) -> str:
         state = "ready" if e.ready else "terminating" if e.serving else "not serving"
         where = "" if e.is_local else f" on {e.node_name or '?'}"
         seen.setdefault(label, f"{label} {state}{where}")
-    return "endpoints: " + ", ".join(seen.values())
+    return head + ", ".join(seen.values())
 
 
 @dataclass(frozen=True)
@@ -286,7 +294,8 @@ def render(blocks: Sequence[Block], results: Mapping[Check, Result],
     for i, block in enumerate(blocks):
         out += ["", f"  {block.name}  {block.kind}"]
         out += _pack(block.details, "; ")
-        out += _pack(block.endpoints.split(", "), ", ")
+        for text in block.endpoints:
+            out += _pack(text.split(", "), ", ")
         out += [line(row) for j, row in rows if j == i]
     return "\n".join(out)
 

@@ -66,7 +66,8 @@ def _fed(paths: Sequence[str], config: ProxyConfig, backend: Backend) -> tuple[P
     if not config.node_name and source.chosen_node_name:
         config = replace(config, node_name=source.chosen_node_name)
     proxier = Proxier(config, backend)
-    recorder.replay(Intake(proxier, node_name=config.node_name, report=_warn))
+    recorder.replay(Intake(proxier, node_name=config.node_name, report=_warn,
+                           allow_external_ips=config.allow_service_external_ips))
     return proxier, recorder.snapshot()
 
 

@@ -7,6 +7,9 @@ affinity, source ranges, each endpoint with its KUBE-SEP chain and the
 probability the numgen cascade gives it, and rule counters where present.
 It needs no nftproxy process: everything is recovered from the table
 (element comments name the service port; chain names are recomputed hashes).
+Addresses: the text brackets an IPv6 address wherever a port follows
+("[fd00:96::10]:80"); the JSON keeps address and port as separate fields
+(VIPs, endpoints and no-endpoint entries alike).
 """
 
 from __future__ import annotations
@@ -15,18 +18,47 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nftproxy.core.address import format_address
 from nftproxy.core.model import L4Protocol, ServicePortName
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
 
-__all__ = ["EndpointView", "ServiceView", "TableView", "parse_table", "render_text"]
+__all__ = [
+    "EndpointView",
+    "HostPort",
+    "NoEndpoints",
+    "ServiceView",
+    "TableView",
+    "parse_table",
+    "render_text",
+]
 
 
 @dataclass
-class EndpointView:
+class HostPort:
+    """Where a packet is addressed; address "" is a node port (any node-port address)."""
+
     address: str
-    chain: str
-    probability: float
+    port: int
+
+    def text(self) -> str:
+        """'10.96.0.10:80', '[fd00:96::10]:80' or 'nodePort 30080'."""
+        return format_address(self.address, self.port) if self.address else f"nodePort {self.port}"
+
+
+@dataclass
+class NoEndpoints(HostPort):
+    """A destination of a service port without endpoints, and what it does."""
+
+    verdict: str = ""
+
+
+@dataclass
+class EndpointView(HostPort):
+    """One endpoint of a KUBE-SVC/SVL cascade (address "?" when its DNAT is missing)."""
+
+    chain: str = ""
+    probability: float = 0.0
     local_chain: bool = False
     packets: int | None = None
 
@@ -36,9 +68,9 @@ class ServiceView:
     service: str
     protocol: str
     family: str
-    vips: list[str] = field(default_factory=list)
+    vips: list[HostPort] = field(default_factory=list)
     node_port: int | None = None
-    no_endpoints: list[str] = field(default_factory=list)
+    no_endpoints: list[NoEndpoints] = field(default_factory=list)
     source_ranges: list[str] = field(default_factory=list)
     affinity_timeout: int | None = None
     policies: dict[str, str] = field(default_factory=dict)
@@ -137,24 +169,17 @@ def _cascade(rules: Sequence[Mapping[str, Any]], parsed: _Parsed) -> list[Endpoi
         )
         share = remaining / mod
         remaining -= share
-        out.append(
-            EndpointView(
-                _dnat_address(parsed.chains.get(target, [])),
-                target,
-                round(share, 4),
-                packets=_counter(rule),
-            )
-        )
+        addr, port = _dnat_target(parsed.chains.get(target, []))
+        out.append(EndpointView(addr, port, target, round(share, 4), packets=_counter(rule)))
     return out
 
 
-def _dnat_address(rules: Iterable[Mapping[str, Any]]) -> str:
+def _dnat_target(rules: Iterable[Mapping[str, Any]]) -> tuple[str, int]:
     for rule in rules:
         for e in rule.get("expr", []):
             if "dnat" in e:
-                addr, port = e["dnat"].get("addr"), e["dnat"].get("port")
-                return f"[{addr}]:{port}" if ":" in str(addr) else f"{addr}:{port}"
-    return "?"
+                return str(e["dnat"].get("addr")), int(e["dnat"].get("port", 0))
+    return "?", 0
 
 
 def _counter(rule: Mapping[str, Any]) -> int | None:
@@ -179,7 +204,9 @@ def _collect(parsed: _Parsed, family: str) -> dict[tuple[str, str], ServiceView]
                 continue
             proto = key[1] if len(key) == 3 else key[0]
             view = views.setdefault((comment, proto), ServiceView(comment, proto, family))
-            where = f"{key[0]}:{key[2]}" if len(key) == 3 else f"nodePort {key[1]}"
+            where = (
+                HostPort(str(key[0]), int(key[2])) if len(key) == 3 else HostPort("", int(key[1]))
+            )
             if set_name == sk.SERVICE_IPS:
                 view.vips.append(where)
                 if _target(verdict).startswith("goto KUBE-SVL-"):
@@ -189,7 +216,7 @@ def _collect(parsed: _Parsed, family: str) -> dict[tuple[str, str], ServiceView]
             elif set_name == sk.FIREWALL_IPS:
                 view.policies["firewall"] = _target(verdict)
             else:
-                view.no_endpoints.append(f"{where} -> {_target(verdict)}")
+                view.no_endpoints.append(NoEndpoints(where.address, where.port, _target(verdict)))
     return views
 
 
@@ -254,7 +281,7 @@ def render_text(view: TableView) -> str:
     for s in view.services:
         lines.append(f"  {s.service} ({s.protocol})")
         if s.vips:
-            lines.append(f"    VIPs:        {', '.join(s.vips)}")
+            lines.append(f"    VIPs:        {', '.join(v.text() for v in s.vips)}")
         if s.node_port:
             lines.append(f"    nodePort:    {s.node_port}")
         for k, v in s.policies.items():
@@ -264,12 +291,12 @@ def render_text(view: TableView) -> str:
         if s.source_ranges:
             lines.append(f"    sourceRanges: {', '.join(s.source_ranges)}")
         for n in s.no_endpoints:
-            lines.append(f"    no endpoints: {n}")
+            lines.append(f"    no endpoints: {n.text()} -> {n.verdict}")
         for label, eps in (("endpoints", s.endpoints), ("local endpoints", s.local_endpoints)):
             if eps:
                 lines.append(f"    {label}:")
             for ep in eps:
                 pk = f"  packets={ep.packets}" if ep.packets is not None else ""
-                lines.append(f"      {ep.address:<28} {ep.probability:>7.2%}  {ep.chain}{pk}")
+                lines.append(f"      {ep.text():<28} {ep.probability:>7.2%}  {ep.chain}{pk}")
         lines.append(f"    chains: {', '.join(s.chains)}")
     return "\n".join(lines)

@@ -7,7 +7,10 @@ here: an invalid field skips only that port / endpoint / range, and is
 reported as a `Problem` value naming the object and the field. Nothing raises
 out of this package, whatever the input.
 
-Callers: tracker (services, slices), sources and proxier (nodes, CIDRs).
+Caller: the agent's Intake (agent/intake.py), once per object when its
+event arrives; it reports the Problems once and hands the values on. (The
+demo's report converts the sample on its own, as an oracle of what the agent
+should do.)
 
 Modules, one job each:
 - problems: the Problem value, the per-object report, object names;
@@ -24,7 +27,7 @@ skipped silently, as kube-proxy does.
 
 Known limits:
 - Every family view of a dual-stack Service validates the whole object, so
-  an invalid field is reported once per family.
+  both views find the same invalid field; the Intake reports it once.
 - healthCheckNodePort is kept only where kube-proxy serves it (type
   LoadBalancer with externalTrafficPolicy Local).
 """

@@ -5,6 +5,19 @@ objects of one transaction (`{"add": {"chain": {...}}}` and friends), and
 enforce the kernel's limits while doing so (names < 256 bytes, comments
 <= 128 bytes: an over-long comment would make the kernel reject the whole
 atomic transaction, kubernetes#139515), so no bad object reaches the kernel.
+
+Set and map declarations come in two dialects (`Table.typeof`), because the
+two userspaces nftproxy runs with cannot share one (docs/userspaces.md):
+- libnftables 1.1.x (typeof=True): `"type": {"typeof": <key expression>}`,
+  and `"map": {"typeof": {"accept": null}}` for verdict maps -- the JSON of
+  nft's `typeof ... : verdict`. Declared by `type` instead, 1.1.x records
+  each single-datatype key or data part (`verdict` included) in the set's
+  userdata as a typeof expression of kind "value", on which nft 1.0.6's
+  listing calls a NULL parser: `nft list ruleset`, `nftproxy dump` and the
+  agent itself segfault on 1.0.6 (kubernetes#136786).
+- libnftables 1.0.6 (typeof=False): `"type": "ipv4_addr"` or a list for a
+  concatenation; its JSON input rejects typeof ("Invalid set datatype"),
+  and what it writes lists cleanly with 1.1.x.
 """
 
 from __future__ import annotations
@@ -13,10 +26,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nftproxy.core.nft.listing import expr_text
 from nftproxy.core.rules import names
-from nftproxy.core.rules.fragment import Chain, CompactChain, Element, Json, Key, Rule, SetDecl
+from nftproxy.core.rules.fragment import (
+    SELECTORS,
+    Chain,
+    CompactChain,
+    Element,
+    Json,
+    Key,
+    Rule,
+    SetDecl,
+)
 
-__all__ = ["OpError", "Table"]
+__all__ = ["VERDICT_TYPEOF", "OpError", "Table", "typeof_key"]
+
+VERDICT_TYPEOF: Json = {"typeof": {"accept": None}}
+"""The data of a verdict map declared by typeof (a verdict expression): the
+same kernel object and userdata as nft's text `typeof ... : verdict`."""
 
 
 class OpError(ValueError):
@@ -39,12 +66,29 @@ def _key_json(key: Key) -> Any:
     return key[0] if len(key) == 1 else {"concat": list(key)}
 
 
+def typeof_key(key: tuple[str, ...]) -> Json:
+    """The libnftables JSON expression of a key given by selectors."""
+    exprs = [SELECTORS[part][0] for part in key]
+    return exprs[0] if len(exprs) == 1 else {"concat": exprs}
+
+
 @dataclass(frozen=True, slots=True)
 class Table:
-    """Command builder for one table (`family` "ip"/"ip6", `name`)."""
+    """Command builder for one table (`family` "ip"/"ip6", `name`);
+    `typeof`: declare sets and maps by typeof (libnftables 1.1.x)."""
 
     family: str
     name: str
+    typeof: bool = False
+
+    def declares_typeof(self, decl: SetDecl) -> bool:
+        """Whether `add_set(decl)` declares by typeof (else by datatype)."""
+        return self.typeof and bool(decl.key) and decl.map in (None, "verdict")
+
+    def declared_typeof(self, decl: SetDecl) -> str | None:
+        """The key expression `add_set(decl)` declares, as a listing shows
+        it (listing.expr_text), or None when it declares by datatype."""
+        return expr_text(typeof_key(decl.key)) if self.declares_typeof(decl) else None
 
     def _obj(self, **fields: Any) -> dict[str, Any]:
         return {"family": self.family, "table": self.name, **fields}
@@ -75,9 +119,13 @@ class Table:
     def add_set(self, decl: SetDecl) -> Json:
         kind = "map" if decl.map else "set"
         type_: Any = decl.type[0] if len(decl.type) == 1 else list(decl.type)
+        data: Any = decl.map
+        if self.declares_typeof(decl):
+            type_ = {"typeof": typeof_key(decl.key)}
+            data = decl.map and VERDICT_TYPEOF
         fields = self._obj(name=_check_name(decl.name), type=type_)
-        if decl.map:
-            fields["map"] = decl.map
+        if data:
+            fields["map"] = data
         if decl.flags:
             fields["flags"] = list(decl.flags)
         if decl.timeout is not None:

@@ -26,7 +26,7 @@ flushed, so a resync keeps every client's affinity.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nftproxy.core.model import IPFamily, ServicePortName
 from nftproxy.core.nft.listing import ListedSet, TableListing
@@ -59,10 +59,21 @@ Owner = ServicePortName | str
 ElemId = tuple[str, Key]
 
 
-def _same_declaration(decl: SetDecl, ks: ListedSet) -> bool:
+def _same_key(t: Table, decl: SetDecl, ks: ListedSet) -> bool:
+    """A key listed by typeof (1.1.x) must be the one `t` declares; one
+    listed by datatypes must have decl's datatypes and, where `t` declares
+    by typeof, is re-declared: 1.0.6 lists every set so, but 1.1.x only a
+    set declared by datatype, whose userdata crash 1.0.6 (ops.py)."""
+    if ks.typeof is not None:
+        return ks.typeof == t.declared_typeof(decl)
+    return ks.type == decl.type and not t.declares_typeof(decl)
+
+
+def _same_declaration(t: Table, decl: SetDecl, ks: ListedSet) -> bool:
     flags = {f for f in decl.flags if f != "dynamic"}
     kflags = {f for f in ks.flags if f != "dynamic"}
-    return (decl.type, decl.map, flags, decl.timeout) == (ks.type, ks.map, kflags, ks.timeout)
+    same = (decl.map, flags, decl.timeout) == (ks.map, kflags, ks.timeout)
+    return same and _same_key(t, decl, ks)
 
 
 class ElementIndex:
@@ -126,6 +137,12 @@ class TableState:
         self.index.replace(
             owner, old.elements if old else (), fragment.elements if fragment else ()
         )
+
+    def use_typeof(self, typeof: bool) -> None:
+        """Declare sets and maps by typeof from now on, or by datatype: as
+        the backend's libnftables requires (seam.Backend.accepts_typeof)."""
+        if self.table.typeof != typeof:
+            self.table = replace(self.table, typeof=typeof)
 
 
 @dataclass
@@ -250,7 +267,8 @@ _Change = tuple[CompactFragment | None, CompactFragment | None]
 
 def _diff_elements(b: _Batch, index: ElementIndex, changes: Mapping[Owner, _Change]) -> int:
     """Resolve claims of the changed owners against everyone's; emit the
-    effective changes. Returns the number of element changes."""
+    effective changes (a new winner with the same verdict too: its comment
+    names the owner, which `dump` reads). Returns the number of element changes."""
     touched: dict[ElemId, dict[Owner, Element]] = {}
     for owner, (old, new) in changes.items():
         for e in old.elements if old else ():
@@ -268,10 +286,10 @@ def _diff_elements(b: _Batch, index: ElementIndex, changes: Mapping[Owner, _Chan
         before, after = index.effective(elem_id), ElementIndex.winner(claims)
         if before == after:
             continue
-        if before is not None and (after is None or before.verdict != after.verdict):
+        if before is not None:
             b.del_elems.setdefault(elem_id[0], []).append(before)
             n += 1
-        if after is not None and (before is None or before.verdict != after.verdict):
+        if after is not None:
             b.add_elems.setdefault(elem_id[0], []).append(after)
             n += 1
     return n
@@ -329,7 +347,7 @@ def _full_sets(
                 stale_sets[name] = ks.map is not None
             else:
                 b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
-        elif not _same_declaration(decl, ks):
+        elif not _same_declaration(t, decl, ks):
             b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
         elif decl.dynamic:
             # Keep it untouched, with its clients: re-adding it would fail with

@@ -29,6 +29,16 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release everything; idempotent and final."""
 
+    def accepts_typeof(self) -> bool:
+        """Whether set and map declarations must be spelled with typeof: true
+        where libnftables' JSON input accepts it (1.1.x), whose `type`
+        declarations crash nft 1.0.6 (core/nft/ops.py). Needs start()."""
+
+    def generation(self) -> int:
+        """The ruleset generation of the namespace: one more for every
+        committed transaction of any process (OSError if it cannot be read;
+        agent/drift.py)."""
+
     def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
         """Apply `commands` (libnftables JSON) as one atomic transaction;
         nothing for an empty list. `fresh` asks for a throwaway context (a

@@ -6,6 +6,12 @@ skeleton) contributes to one family's table. Rule expressions are kept as
 libnftables JSON statement dicts (the shapes in docs/nft-python-notes.md §2);
 map keys and verdicts are small hashable tuples so the planner can diff and
 index them cheaply, and are turned into JSON only when a command is emitted.
+
+Set and map keys are declared by what they match (`SELECTORS`, nft's
+`typeof` vocabulary: "ip daddr", "meta l4proto", "th dport"), from which
+their datatypes follow. Both spellings are needed: libnftables 1.1.x
+declares by `typeof` (its `type` declarations crash nft 1.0.6's listing),
+1.0.6's JSON only by `type` (docs/userspaces.md; core/nft/ops.py picks).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 from nftproxy.core.model import IPFamily
 
 __all__ = [
+    "SELECTORS",
     "BaseHook",
     "Chain",
     "CompactChain",
@@ -30,6 +37,7 @@ __all__ = [
     "SetDecl",
     "Verdict",
     "compact",
+    "datatypes",
 ]
 
 Json = Mapping[str, Any]
@@ -77,16 +85,35 @@ class Chain:
     hook: BaseHook | None = None
 
 
+SELECTORS: Mapping[str, tuple[Json, str]] = {
+    "ip saddr": ({"payload": {"protocol": "ip", "field": "saddr"}}, "ipv4_addr"),
+    "ip daddr": ({"payload": {"protocol": "ip", "field": "daddr"}}, "ipv4_addr"),
+    "ip6 saddr": ({"payload": {"protocol": "ip6", "field": "saddr"}}, "ipv6_addr"),
+    "ip6 daddr": ({"payload": {"protocol": "ip6", "field": "daddr"}}, "ipv6_addr"),
+    "meta l4proto": ({"meta": {"key": "l4proto"}}, "inet_proto"),
+    "th dport": ({"payload": {"protocol": "th", "field": "dport"}}, "inet_service"),
+}
+"""A key part as nft's typeof names it -> (its libnftables JSON expression,
+its datatype)."""
+
+
+def datatypes(key: tuple[str, ...]) -> tuple[str, ...]:
+    """The datatypes of a key given by selectors ("ip daddr" -> "ipv4_addr")."""
+    return tuple(SELECTORS[part][1] for part in key)
+
+
 @dataclass(frozen=True, slots=True)
 class SetDecl:
     """A named set or verdict map.
 
-    `type` is the key type (a tuple for concatenations); `map` the value type
-    for maps ("verdict"); `elements` the static content as JSON element
-    expressions (interval sets). `dynamic` sets (affinity) are filled by the
-    datapath: the planner adds them idempotently and never flushes them.
-    Elements of the shared dispatch maps are not here: they are `Element`s
-    owned by fragments.
+    `type` is the key type (a tuple for concatenations); `key` the same key
+    as the selectors it is matched by (`SELECTORS`; `SetDecl.keyed` fills
+    both), which declarations use where libnftables can say `typeof`; `map`
+    the value type for maps ("verdict"); `elements` the static content as
+    JSON element expressions (interval sets). `dynamic` sets (affinity) are
+    filled by the datapath: the planner adds them idempotently and never
+    flushes them. Elements of the shared dispatch maps are not here: they
+    are `Element`s owned by fragments.
     """
 
     name: str
@@ -97,6 +124,12 @@ class SetDecl:
     elements: tuple[Any, ...] = ()
     dynamic: bool = False
     comment: str | None = None
+    key: tuple[str, ...] = ()
+
+    @classmethod
+    def keyed(cls, name: str, key: tuple[str, ...], **fields: Any) -> SetDecl:
+        """A declaration whose key is given by selectors (its type follows)."""
+        return cls(name, datatypes(key), key=key, **fields)
 
     def declaration(self) -> tuple[Any, ...]:
         """What cannot change in place: a different declaration means delete + add."""

@@ -9,7 +9,7 @@ Chains: KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
 KUBE-EXT (external destinations), KUBE-FW (source ranges, pre-DNAT), KUBE-SEP
 (one endpoint). Endpoint choice is the numgen cascade: rule i of n is
 `numgen random mod (n-i) == 0 goto KUBE-SEP-i`, the last a plain goto
-(DESIGN.md §3 explains why not a per-service vmap).
+(docs/architecture.md, "The ruleset", explains why not a per-service vmap).
 """
 
 from __future__ import annotations
@@ -240,9 +240,9 @@ def _firewall(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[SetDec
             f"{ip}/{32 if family is IPFamily.IPV4 else 128}" for ip in port.load_balancer_vips
         ]
     set_name = names.firewall_set(port.name)
-    decl = SetDecl(
+    decl = SetDecl.keyed(
         set_name,
-        (sk.addr_type(family),),
+        (sk.addr_key(family, "saddr"),),
         flags=("interval",),
         elements=tuple(expr.prefix(r) for r in _merge(ranges)),
     )
@@ -285,9 +285,9 @@ def _endpoint_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list
         if port.affinity:
             aff = names.affinity_set(spn, ep)
             sets.append(
-                SetDecl(
+                SetDecl.keyed(
                     aff,
-                    (sk.addr_type(ctx.family),),
+                    (sk.addr_key(ctx.family, "saddr"),),
                     flags=("timeout",),
                     timeout=port.affinity_timeout,
                     dynamic=True,

@@ -40,6 +40,7 @@ __all__ = [
     "SERVICE_CIDRS",
     "SERVICE_IPS",
     "SERVICE_NODEPORTS",
+    "addr_key",
     "addr_type",
     "nodeport_ips",
     "render_skeleton",
@@ -64,12 +65,17 @@ CLUSTER_IPS = "cluster-ips"
 NODEPORT_IPS = "nodeport-ips"
 SERVICE_CIDRS = "service-cidrs"
 
-_PROTO_PORT = ("inet_proto", "inet_service")
+_PROTO_PORT = ("meta l4proto", "th dport")
 _LOOPBACK = {IPFamily.IPV4: "127.0.0.0/8", IPFamily.IPV6: "::1/128"}
 
 
 def addr_type(family: IPFamily) -> str:
     return "ipv4_addr" if family is IPFamily.IPV4 else "ipv6_addr"
+
+
+def addr_key(family: IPFamily, field: str) -> str:
+    """A set key of addresses, as the rules match it ("ip daddr", "ip6 saddr")."""
+    return f"{family.nft_family} {field}"
 
 
 def _rule(*statements: Json, comment: str | None = None) -> Rule:
@@ -218,64 +224,66 @@ def _helper_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
 
 
 def nodeport_ips(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> tuple[str, ...]:
-    """Node addresses that accept node ports when nodePortAddresses restricts
-    them: the primary IP for "primary", else node IPs inside a listed CIDR.
-    Loopback is never served (as kube-proxy's nftables mode)."""
+    """Addresses that accept node ports when nodePortAddresses restricts them,
+    as kube-proxy's GetNodeIPs: the host's interface addresses (the node's
+    own addresses when those were not read) inside a listed CIDR, or equal to
+    the node's primary IP for "primary". Loopback is never served (as
+    kube-proxy's nftables mode)."""
     if config.nodeport_matches_all(family):
         return ()
-    chosen: list[str] = []
+    nets = [ipaddress.ip_network(c, strict=False) for c in config.nodeport_cidrs_of(family)]
     primary = node.primary_ip(family)
     if config.nodeport_primary and primary:
-        chosen.append(primary)
-    nets = [ipaddress.ip_network(c, strict=False) for c in config.nodeport_cidrs_of(family)]
-    for ip in node.ips_of(family):
-        addr = ipaddress.ip_address(ip)
-        if any(addr in n for n in nets) and ip not in chosen:
-            chosen.append(ip)
-    return tuple(ip for ip in chosen if not ipaddress.ip_address(ip).is_loopback)
+        nets.append(ipaddress.ip_network(primary))
+    host = node.host_addresses
+    candidates = node.ips_of(family) if host is None else host.of(family)
+    chosen = (ipaddress.ip_address(ip) for ip in candidates)
+    return tuple(
+        str(a) for a in chosen if not a.is_loopback and any(a in n for n in nets)
+    )
 
 
 def _maps_and_sets(
     family: IPFamily, config: ProxyConfig, node: NodeInfo, service_cidrs: tuple[str, ...]
 ) -> tuple[SetDecl, ...]:
-    addr = addr_type(family)
-    three = (addr, *_PROTO_PORT)
+    addr = (addr_key(family, "daddr"),)
+    three = (*addr, *_PROTO_PORT)
     return (
-        SetDecl(
+        SetDecl.keyed(
             SERVICE_IPS,
             three,
             map="verdict",
             comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
         ),
-        SetDecl(SERVICE_NODEPORTS, _PROTO_PORT, map="verdict", comment="NodePort traffic"),
-        SetDecl(
+        SetDecl.keyed(SERVICE_NODEPORTS, _PROTO_PORT, map="verdict", comment="NodePort traffic"),
+        SetDecl.keyed(
             NO_ENDPOINT_SERVICES,
             three,
             map="verdict",
             comment="drop or reject services with no endpoints",
         ),
-        SetDecl(
+        SetDecl.keyed(
             NO_ENDPOINT_NODEPORTS,
             _PROTO_PORT,
             map="verdict",
             comment="drop or reject node ports with no endpoints",
         ),
-        SetDecl(
+        SetDecl.keyed(
             FIREWALL_IPS,
             three,
             map="verdict",
             comment="destinations subject to loadBalancerSourceRanges",
         ),
-        SetDecl(CLUSTER_IPS, (addr,), comment="Active ClusterIPs"),
-        SetDecl(
+        SetDecl.keyed(CLUSTER_IPS, addr, comment="Active ClusterIPs"),
+        SetDecl.keyed(
             NODEPORT_IPS,
-            (addr,),
+            addr,
             elements=nodeport_ips(family, config, node),
             comment="IPs that accept NodePort traffic",
         ),
-        SetDecl(
+        SetDecl.keyed(
             SERVICE_CIDRS,
-            (addr,),
+            addr,
             flags=("interval",),
             elements=tuple(expr.prefix(c) for c in service_cidrs),
             comment="service CIDRs (ServiceCIDR objects)",

@@ -1,0 +1,189 @@
+"""A walked branch told in kube-proxy's words: service, endpoint, masquerade, why.
+
+Layer: core/trace (pure; reads the KUBE-* names of core/rules). One job:
+turn one ended `Flow` into a `Path`. The walk itself knows nothing of
+Kubernetes; here the rules that acted are recognised by their chains and
+the sets they look up:
+- masquerade: the rule that jumped to the marking chain -- a KUBE-SEP
+  chain (hairpin), a KUBE-SVC/SVL cluster-IP rule with a source condition
+  (off-cluster source) or without one (masqueradeAll), a KUBE-EXT rule
+  (externalTrafficPolicy=Cluster, or the node's own traffic to a Local one);
+- drop / reject: a KUBE-FW chain (loadBalancerSourceRanges), an element of
+  a no-endpoint map (no endpoints -> reject; Local policy without a local
+  endpoint -> drop), the cluster-ips set (an unknown port of a cluster IP)
+  or the service-cidrs set (an unallocated ServiceCIDR address).
+Anything else is named by its chain and rule, never guessed.
+"""
+
+from __future__ import annotations
+
+from nftproxy.core.address import format_address
+from nftproxy.core.rules import skeleton as sk
+from nftproxy.core.trace import syntax as sx
+from nftproxy.core.trace.flow import Affinity, Flow, Where
+from nftproxy.core.trace.result import Endpoint, Path
+from nftproxy.core.trace.ruleset import Rule, Ruleset
+from nftproxy.core.trace.values import Kind, matches, protocol_name
+
+__all__ = ["explain"]
+
+_SERVICE_CHAINS = ("KUBE-FW-", "KUBE-EXT-", "KUBE-SVC-", "KUBE-SVL-")
+_NO_ENDPOINT_MAPS = (sk.NO_ENDPOINT_SERVICES, sk.NO_ENDPOINT_NODEPORTS)
+
+
+def explain(flow: Flow, rs: Ruleset) -> Path:
+    chains = _service_chains(flow)
+    endpoint = None
+    if flow.dnat is not None:
+        d = flow.dnat
+        endpoint = Endpoint(d.addr, d.port, d.at.chain, d.comment or "")
+    masquerade = flow.masquerade is not None
+    if flow.verdict == "accept":
+        reasons = _masquerade_reasons(flow, rs) if masquerade else _kept_reasons(flow, chains)
+        if any(c.startswith("KUBE-FW-") for c in chains):
+            reasons += (f"source {flow.saddr} is inside loadBalancerSourceRanges",)
+    else:
+        reasons = (_stop_reason(flow, rs),)
+    return Path(
+        probability=flow.probability,
+        verdict=flow.verdict,
+        delivery=flow.delivery,
+        destination=format_address(str(flow.daddr), flow.dport),
+        service=next((e.comment for e in flow.elements if e.comment), ""),
+        chains=chains,
+        endpoint=endpoint,
+        masquerade=masquerade,
+        reasons=reasons,
+        affinity=_affinity(flow.affinity, str(flow.saddr)),
+        reject_with=flow.reject_with,
+        steps=flow.steps,
+    )
+
+
+def _service_chains(flow: Flow) -> tuple[str, ...]:
+    """KUBE-FW/EXT/SVC/SVL chains entered, in order (a chain whose rules
+    all let the packet pass shows only as the target of a map element)."""
+    entered = [e.verdict.split()[-1] for e in flow.elements]
+    entered += [s.chain for s in flow.steps]
+    ordered = sorted(set(entered), key=lambda c: min(_first_seen(flow, c)))
+    return tuple(c for c in ordered if c.startswith(_SERVICE_CHAINS))
+
+
+def _first_seen(flow: Flow, chain: str) -> list[int]:
+    at = [i for i, s in enumerate(flow.steps) if s.chain == chain or s.text.endswith(" " + chain)]
+    return at or [len(flow.steps)]
+
+
+def _rule(rs: Ruleset, where: Where | None) -> Rule | None:
+    if where is None or where.rule == 0 or where.chain not in rs.chains:
+        return None
+    rules = rs.chains[where.chain].rules
+    return rules[where.rule - 1] if where.rule <= len(rules) else None
+
+
+def _matches(rule: Rule) -> list[sx.Match]:
+    return [s for s in rule.statements if isinstance(s, sx.Match)]
+
+
+def _is_source_match(m: sx.Match) -> bool:
+    left = m.left
+    return (isinstance(left, sx.Payload) and left.field == "saddr") or (
+        isinstance(left, sx.Key) and str(left) == "meta iifname"
+    )
+
+
+def _looks_up(rule: Rule, set_name: str) -> bool:
+    return any(isinstance(m.right, sx.SetRef) and m.right.name == set_name for m in _matches(rule))
+
+
+# --- masquerade --------------------------------------------------------------------------
+
+
+def _masquerade_reasons(flow: Flow, rs: Ruleset) -> tuple[str, ...]:
+    reasons = [_mark_reason(_rule(rs, m.caller), m.at) for m in flow.marks]
+    return tuple(dict.fromkeys(reasons)) or ("masqueraded (no mark was set on the way)",)
+
+
+def _mark_reason(caller: Rule | None, at: Where) -> str:
+    if caller is None:
+        return f"marked for masquerade by {at.chain}/rule {at.rule}"
+    chain = caller.chain
+    if chain.startswith("KUBE-SEP-"):
+        return "hairpin: the endpoint itself is the source"
+    if chain.startswith(("KUBE-SVC-", "KUBE-SVL-")):
+        if any(_is_source_match(m) for m in _matches(caller)):
+            return "off-cluster source to a cluster IP (not from a pod on this node)"
+        return "masqueradeAll: all traffic to the cluster IP is masqueraded"
+    if chain.startswith("KUBE-EXT-"):
+        if any(isinstance(m.left, sx.Fib) and m.left.field == "saddr" for m in _matches(caller)):
+            return ("the node's own traffic to an externalTrafficPolicy=Local destination "
+                    "(Local policy)")
+        return "external destination of an externalTrafficPolicy=Cluster service"
+    return f"marked for masquerade by {caller.where}"
+
+
+def _kept_reasons(flow: Flow, chains: tuple[str, ...]) -> tuple[str, ...]:
+    if flow.dnat is None:
+        return ("no service matched: the packet is not translated",)
+    ext = any(c.startswith("KUBE-EXT-") for c in chains)
+    if ext and any(c.startswith("KUBE-SVL-") for c in chains):
+        return ("externalTrafficPolicy=Local: the client's address is kept",)
+    if ext:
+        return ("pod traffic to an external destination of a Local-policy service: "
+                "sent to any endpoint, source kept",)
+    return ("not marked for masquerade",)
+
+
+# --- drop / reject -------------------------------------------------------------------------
+
+
+def _stop_reason(flow: Flow, rs: Ruleset) -> str:
+    at, via = flow.verdict_at, flow.verdict_via
+    if at is not None and at.chain.startswith("KUBE-FW-"):
+        return f"source {flow.saddr} is outside the service's loadBalancerSourceRanges"
+    element = next((e for e in reversed(flow.elements) if e.at in (at, via)), None)
+    if element is not None and element.set in _NO_ENDPOINT_MAPS:
+        return _no_endpoint_reason(flow, element.set, rs)
+    for rule in (_rule(rs, at), _rule(rs, via)):
+        if rule is not None and _looks_up(rule, sk.CLUSTER_IPS):
+            return (f"{flow.daddr} is a cluster IP without port {flow.dport}/"
+                    f"{_proto(flow)}: unknown port of a cluster IP")
+        if rule is not None and _looks_up(rule, sk.SERVICE_CIDRS):
+            return f"{flow.daddr} is in a ServiceCIDR but no service has it: unallocated address"
+        if rule is not None and rule.chain == sk.FORWARD:
+            return f"{rule.comment or 'dropped by ' + sk.FORWARD}"
+    where = at or via
+    name = f"{where.chain}/rule {where.rule}" if where else "a base chain's policy"
+    return f"{flow.verdict} by {name}"
+
+
+def _no_endpoint_reason(flow: Flow, set_name: str, rs: Ruleset) -> str:
+    if flow.verdict == "reject":
+        return "the service has no endpoints"
+    internal = set_name == sk.NO_ENDPOINT_SERVICES and _is_cluster_ip(flow, rs)
+    policy = "internalTrafficPolicy" if internal else "externalTrafficPolicy"
+    return f"{policy}=Local and no endpoint on this node"
+
+
+def _is_cluster_ip(flow: Flow, rs: Ruleset) -> bool:
+    if sk.CLUSTER_IPS not in rs.sets:
+        return False
+    return any(matches(e.pattern, flow.daddr) for e in rs.elements(sk.CLUSTER_IPS, (Kind.ADDR,)))
+
+
+def _proto(flow: Flow) -> str:
+    return protocol_name(flow.proto)
+
+
+# --- affinity ------------------------------------------------------------------------------
+
+
+def _affinity(notes: tuple[Affinity, ...], src: str) -> str:
+    for note in notes:
+        if note.pinned:
+            left = f", {note.expires}s left" if note.expires is not None else ""
+            return f"affinity pins {src} to this endpoint (@{note.set}{left})"
+    for note in notes:
+        timeout = f" for {note.timeout}s" if note.timeout is not None else ""
+        return f"affinity would pin {src} to this endpoint{timeout} (@{note.set})"
+    return ""

@@ -1,0 +1,325 @@
+"""`nftproxy trace --live`: the kernel's own trace of real packets, in trace's words.
+
+Layer: tools (below cli; talks to nftables through the Backend seam and runs
+`nft -a monitor trace` as a subprocess). One job: for the next N packets (or
+T seconds) of one 5-tuple, print what the kernel did with them, rule by
+rule, as `nftproxy trace` prints a prediction -- hook, chain, rule number,
+the rule in nft syntax -- and per packet the outcome (accepted, DNAT target,
+masqueraded; or dropped / rejected).
+
+How: two temporary base chains in nftproxy's table, `trace-<pid>-prerouting`
+and `trace-<pid>-output` (filter, priority -350: before conntrack and every
+nftproxy chain), each with one rule matching the 5-tuple that sets `meta
+nftrace`. The kernel then reports every rule the packet meets (in every
+table) on NFNLGRP_NFTRACE, which `nft -a monitor trace` prints with rule
+handles; handles are mapped back to nftproxy's rules through a listing of
+the table. The chains are removed on every way out: the count or the time
+reached, an error, Ctrl-C (SIGINT) and SIGTERM (signals are ignored while
+removing). If the agent runs a full sync meanwhile it deletes the chains as
+unknown (the trace then just sees no more packets); a SIGKILLed tracer
+leaves them until that next full sync.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, TextIO
+
+from nftproxy.core.nft.errors import NftError, NftNotFound
+from nftproxy.core.nft.seam import Backend
+from nftproxy.core.trace import Packet, Ruleset
+from nftproxy.core.trace import syntax as sx
+from nftproxy.core.trace.flow import Step
+from nftproxy.core.trace.ruleset import Rule
+
+__all__ = ["Event", "LiveTrace", "parse_event", "trace_chains"]
+
+PRIORITY = -350
+_EVENT = re.compile(
+    r"^trace id (?P<id>[0-9a-f]+) (?P<family>\S+) (?P<table>\S+) (?P<chain>\S+) "
+    r"(?P<kind>packet|rule|policy|verdict|unknown):? ?(?P<rest>.*?)\s*$"
+)
+_RULE = re.compile(r"^(?P<text>.*?)(?: # handle (?P<handle>\d+))? \(verdict (?P<verdict>[^)]*)\)$")
+
+
+class LiveError(Exception):
+    """--live cannot run (no nft binary, no table); one line."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of `nft -a monitor trace`."""
+
+    id: str
+    family: str
+    table: str
+    chain: str
+    kind: str
+    """"packet", "rule", "policy", "verdict"."""
+    text: str = ""
+    handle: int | None = None
+    verdict: str = ""
+
+
+def parse_event(line: str) -> Event | None:
+    m = _EVENT.match(line)
+    if m is None:
+        return None
+    d = m.groupdict()
+    rest, handle, verdict = d["rest"], None, ""
+    if d["kind"] == "rule":
+        r = _RULE.match(rest)
+        if r is not None:
+            rest, verdict = r["text"], r["verdict"]
+            handle = int(r["handle"]) if r["handle"] else None
+    elif d["kind"] in ("policy", "verdict"):
+        verdict = rest.split()[0] if rest else ""
+    return Event(d["id"], d["family"], d["table"], d["chain"], d["kind"], rest, handle, verdict)
+
+
+def trace_chains(packet: Packet, table: str, pid: int) -> list[dict[str, Any]]:
+    """The commands adding the two tracing base chains for `packet`'s 5-tuple."""
+    family = packet.family.nft_family
+
+    def match(left: Any, right: Any) -> dict[str, Any]:
+        return {"match": {"op": "==", "left": left, "right": right}}
+
+    exprs = [
+        match({"payload": {"protocol": family, "field": "saddr"}}, packet.src),
+        match({"payload": {"protocol": family, "field": "daddr"}}, packet.dst),
+        match({"meta": {"key": "l4proto"}}, packet.proto),
+        match({"payload": {"protocol": "th", "field": "dport"}}, packet.dport),
+    ]
+    if packet.sport is not None:
+        exprs.append(match({"payload": {"protocol": "th", "field": "sport"}}, packet.sport))
+    exprs.append({"mangle": {"key": {"meta": {"key": "nftrace"}}, "value": 1}})
+    out: list[dict[str, Any]] = []
+    for hook in ("prerouting", "output"):
+        name = f"trace-{pid}-{hook}"
+        out.append({"add": {"chain": {"family": family, "table": table, "name": name,
+                                      "type": "filter", "hook": hook, "prio": PRIORITY,
+                                      "policy": "accept"}}})
+        out.append({"add": {"rule": {"family": family, "table": table, "chain": name,
+                                     "expr": exprs,
+                                     "comment": f"nftproxy trace --live (pid {pid})"}}})
+    return out
+
+
+@dataclass
+class _Packet:
+    """What one traced packet met so far."""
+
+    number: int
+    hook: str = ""
+    dnat: str = ""
+    masquerade: bool = False
+    end: str = ""
+
+
+@dataclass
+class LiveTrace:
+    """One --live run: add the chains, follow the events, remove the chains."""
+
+    backend: Backend
+    table: str
+    packet: Packet
+    out: TextIO
+    count: int = 10
+    seconds: float = 30.0
+    pid: int = field(default_factory=os.getpid)
+    _rs: Ruleset | None = None
+    _seen: dict[str, _Packet] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        return self.packet.family.nft_family
+
+    @property
+    def chains(self) -> list[str]:
+        return [f"trace-{self.pid}-{hook}" for hook in ("prerouting", "output")]
+
+    def run(self) -> int:
+        """Trace until `count` packets or `seconds`; SIGTERM/SIGINT stop it.
+        The chains are gone when this returns (or raises)."""
+        nft = shutil.which("nft")
+        if nft is None:
+            raise LiveError("--live needs the nft command (nftables) on PATH")
+        if self.backend.list_table(self.family, self.table) is None:
+            raise LiveError(f"no table {self.family} {self.table}: nftproxy has not "
+                            "programmed this node")
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        monitor = subprocess.Popen([nft, "-a", "monitor", "trace"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True)
+        try:
+            lines = _reader(monitor)
+            time.sleep(0.2)  # let nft subscribe before packets are marked
+            self.backend.commit(trace_chains(self.packet, self.table, self.pid))
+            self._say_start()
+            self._follow(lines)
+        except KeyboardInterrupt:
+            self.out.write("interrupted\n")
+        finally:
+            self._cleanup(monitor, previous)
+        return 0
+
+    def _say_start(self) -> None:
+        self.out.write(f"tracing {self.packet.text().rsplit(' from ', 1)[0]} in table "
+                       f"{self.family} {self.table} (chains {', '.join(self.chains)}); up to "
+                       f"{self.count} packets or {self.seconds:g} s; Ctrl-C stops\n")
+        self.out.flush()
+
+    def _follow(self, lines: queue.Queue[str | None]) -> None:
+        deadline = time.monotonic() + self.seconds
+        quiet_until: float | None = None
+        while True:
+            now = time.monotonic()
+            stop_at = min(deadline, quiet_until) if quiet_until is not None else deadline
+            if now >= stop_at:
+                break
+            try:
+                line = lines.get(timeout=min(0.1, stop_at - now))
+            except queue.Empty:
+                continue
+            if line is None:
+                raise LiveError("nft monitor trace ended unexpectedly")
+            self._event(line)
+            if len(self._seen) >= self.count and quiet_until is None:
+                quiet_until = time.monotonic() + 0.5  # the last packet's remaining events
+        self._finish_last()
+        self.out.write(f"{len(self._seen)} packet(s) traced\n")
+
+    def _event(self, line: str) -> None:
+        event = parse_event(line)
+        if event is None:
+            return
+        mine = event.table == self.table and event.chain in self.chains
+        if event.id not in self._seen:
+            if not mine or len(self._seen) >= self.count:
+                return  # marked by someone else, or beyond the count
+            self._finish_last()
+            self._seen[event.id] = _Packet(len(self._seen) + 1)
+            self.out.write(f"packet {len(self._seen)} (trace id {event.id}):\n")
+        if mine:
+            return
+        self._show(self._seen[event.id], event)
+        self.out.flush()
+
+    def _show(self, pk: _Packet, event: Event) -> None:
+        ours = event.table == self.table and event.family == self.family
+        base = self._ruleset(event).chains.get(event.chain) if ours else None
+        if base is not None and base.base is not None:
+            pk.hook = base.base.hook
+        if event.kind == "packet":
+            self.out.write(f"    {pk.hook:<11} {event.chain:<34} packet: {event.text}\n")
+            return
+        rule = self._rule(event) if ours else None
+        chain = event.chain if ours else f"{event.family} {event.table} {event.chain}"
+        text = rule.text() if rule is not None else event.text
+        verdict = f"  => {event.verdict}" if event.verdict and event.kind == "rule" else ""
+        if event.kind in ("policy", "verdict"):
+            text = f"{event.kind} {event.text}"
+        self.out.write(Step(pk.hook, chain, rule.index if rule else 0, text + verdict).line())
+        self.out.write("\n")
+        if rule is not None:
+            _record(pk, rule, event.verdict)
+        if event.verdict == "drop":
+            where = f"{chain} #{rule.index}" if rule else f"{chain} ({event.kind})"
+            pk.end = pk.end or f"dropped by {where}"
+
+    def _rule(self, event: Event) -> Rule | None:
+        if event.handle is None:
+            return None
+        rule = self._ruleset(event).rule_by_handle(event.chain, event.handle)
+        if rule is None:  # re-programmed since: read the table again, once
+            self._rs = None
+            rule = self._ruleset(event).rule_by_handle(event.chain, event.handle)
+        return rule
+
+    def _ruleset(self, event: Event) -> Ruleset:
+        if self._rs is None:
+            doc = self.backend.list_table(self.family, self.table) or {"nftables": []}
+            self._rs = Ruleset.from_listing(doc, self.family, self.table)
+        return self._rs
+
+    def _finish_last(self) -> None:
+        if not self._seen:
+            return
+        pk = list(self._seen.values())[-1]
+        if pk.end:
+            outcome = pk.end
+        else:
+            nat = f"DNAT to {pk.dnat}" if pk.dnat else "not translated"
+            outcome = f"accepted, {nat}, {'masqueraded' if pk.masquerade else 'source kept'}"
+        self.out.write(f"  packet {pk.number}: {outcome}\n")
+        pk.end = pk.end or "reported"
+
+    def _cleanup(self, monitor: subprocess.Popen[str], previous: Any) -> None:
+        """Remove the chains (each on its own: one may be gone already) with
+        SIGINT/SIGTERM ignored meanwhile, then stop the monitor."""
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            for command in removal(self.family, self.table, self.chains):
+                try:
+                    self.backend.commit(command)
+                except NftNotFound:
+                    pass
+                except NftError as exc:
+                    self.out.write(f"could not remove {command}: {exc}\n")
+            self.out.write(f"removed {', '.join(self.chains)}\n")
+            self.out.flush()
+        finally:
+            monitor.terminate()
+            try:
+                monitor.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                monitor.kill()
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _record(pk: _Packet, rule: Rule, verdict: str) -> None:
+    """What a rule the packet met did to it: DNAT, masquerade, reject."""
+    for statement in rule.statements:
+        if isinstance(statement, sx.Dnat) and verdict == "accept":
+            pk.dnat = f"{str(statement).removeprefix('dnat to ')} ({rule.chain})"
+        elif isinstance(statement, sx.Masquerade) and verdict == "accept":
+            pk.masquerade = True
+        elif isinstance(statement, sx.Reject):
+            pk.end = f"rejected by {rule.chain} #{rule.index}"
+
+
+def removal(family: str, table: str, chains: Sequence[str]) -> Iterator[list[dict[str, Any]]]:
+    """One transaction per chain: flush it and delete it."""
+    for name in chains:
+        ref = {"family": family, "table": table, "name": name}
+        yield [{"flush": {"chain": dict(ref)}}, {"delete": {"chain": dict(ref)}}]
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _reader(proc: subprocess.Popen[str]) -> queue.Queue[str | None]:
+    """The monitor's lines on a queue (None at its end), read by a thread."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, name="nft-monitor", daemon=True).start()
+    return lines
+

@@ -1,0 +1,161 @@
+"""deploy/: the kustomize base and overlays, rendered; the resource requests.
+
+Rendering uses `kubectl kustomize` (scripts/setup.sh installs Debian's
+kubernetes-client where apt has it and no kubectl is there); a missing
+kubectl fails these tests, it does not skip them.
+
+Aspects: the base and every overlay render; each overlay's kustomization
+names only files that exist and every file in its directory; rendered
+built-in objects use only fields of their API schema (test_deploy.py's
+check) and the PodMonitor is well-formed; the metrics overlay keeps the
+base's args, serves /metrics on 0.0.0.0:10249 (as `nftproxy run` parses
+its args), names that container port `metrics`, annotates the pods with
+prometheus.io/scrape|port|path on that port, and its PodMonitor selects
+exactly the DaemonSet's pods on that port; the memory requests are those
+bench/RESULTS.md measured: the base's for 1,000 services x 10 endpoints, the
+`large` overlay's for 10,000 x 10 (at least the peak RSS of a full sync, at
+most 1.5 times it).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_deploy import _schema_problems, expanded_args, manifests
+
+from nftproxy.tools import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+OVERLAYS = sorted(p for p in (DEPLOY / "overlays").iterdir() if p.is_dir())
+RESULTS = ROOT / "bench" / "RESULTS.md"
+TIMES = "\u00d7"  # the multiplication sign of RESULTS.md's cases (1000 x 10)
+
+Doc = dict[str, Any]
+
+
+def render(directory: Path) -> list[Doc]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl not found: scripts/setup.sh installs it (Debian kubernetes-client)"
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"kubectl kustomize {directory}: {done.stderr}"
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def one(docs: list[Doc], kind: str) -> Doc:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def container(docs: list[Doc]) -> Doc:
+    main: Doc = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    return main
+
+
+def memory_mib(quantity: str) -> float:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", quantity)
+    assert match, f"memory request {quantity!r} is not in Mi or Gi"
+    return int(match[1]) * (1024 if match[2] == "Gi" else 1)
+
+
+def peak_rss_mb(case: str) -> float:
+    """The `peak RSS MB` column of bench/RESULTS.md's cold-sync table for `case`."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in RESULTS.read_text().splitlines() if line.startswith("|")]
+    header = next(r for r in rows if "peak RSS MB" in r)
+    row = next(r for r in rows if r[0] == case)
+    return float(row[header.index("peak RSS MB")].replace(",", "").strip("*"))
+
+
+# ---- rendering ------------------------------------------------------------------------
+
+
+def test_the_base_renders_to_its_manifests() -> None:
+    rendered = {(d["kind"], d["metadata"]["name"]) for d in render(DEPLOY / "base")}
+    assert rendered == {(d["kind"], d["metadata"]["name"]) for d in manifests()}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_every_overlay_renders_with_valid_objects(overlay: Path) -> None:
+    docs = render(overlay)
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: checked below
+        assert list(_schema_problems(doc, f"V1{doc['kind']}", doc["kind"])) == []
+        assert doc["metadata"].get("namespace", "kube-system") == "kube-system"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_overlay_kustomizations_name_exactly_their_files(overlay: Path) -> None:
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    named = [*kustomization.get("resources", []), *kustomization.get("patchesStrategicMerge", [])]
+    assert all((overlay / f).is_file() for f in named), named
+    files = {p.name for p in overlay.glob("*.yaml")} - {"kustomization.yaml"}
+    assert files == set(named)
+    assert kustomization["bases"] == ["../../base"]
+
+
+# ---- the metrics overlay -----------------------------------------------------------------
+
+
+def test_metrics_overlay_serves_metrics_on_every_address_and_keeps_the_base_args() -> None:
+    docs = render(DEPLOY / "overlays" / "metrics")
+    main = container(docs)
+    base_args = container(manifests())["args"]
+    assert main["args"][: len(base_args)] == base_args
+    args = cli.build_parser().parse_args(["run", *expanded_args(main)])
+    assert args.metrics_bind_address == "0.0.0.0:10249"
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert ports["metrics"] == 10249 and ports["healthz"] == 10256
+    annotations = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(ports["metrics"]),
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def test_metrics_overlay_pod_monitor_selects_the_daemonsets_metrics_port() -> None:
+    docs = render(DEPLOY / "overlays" / "metrics")
+    monitor, ds = one(docs, "PodMonitor"), one(docs, "DaemonSet")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    spec = monitor["spec"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+    assert spec["namespaceSelector"]["matchNames"] == [ds["metadata"]["namespace"]]
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in container(docs)["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert set(spec) <= {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel"}
+
+
+def test_the_base_keeps_kube_proxys_loopback_metrics_address() -> None:
+    args = cli.build_parser().parse_args(["run", *expanded_args(container(manifests()))])
+    assert args.metrics_bind_address is None  # the ConfigMap's 127.0.0.1:10249
+    configmap = next(d for d in manifests() if d["kind"] == "ConfigMap")
+    assert "metricsBindAddress: 127.0.0.1:10249" in configmap["data"]["config.conf"]
+
+
+# ---- resources -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("directory", "case"),
+    [(DEPLOY / "base", f"1000{TIMES}10 baseline"),
+     (DEPLOY / "overlays" / "large", f"10000{TIMES}10 baseline")],
+    ids=["base-1k", "large-10k"],
+)
+def test_memory_requests_match_the_measured_peak(directory: Path, case: str) -> None:
+    resources = container(render(directory))["resources"]
+    assert "limits" not in resources  # deploy/README.md, "Resources"
+    request = memory_mib(resources["requests"]["memory"])
+    peak = peak_rss_mb(case)
+    assert peak <= request <= 1.5 * peak, (case, request, peak)

@@ -1,0 +1,87 @@
+"""SIGKILL during the first full commit (issue 13, "Faults" a).
+
+`nftproxy run --source` (2,000 Services) runs as a process in a throwaway
+namespace while another process lists the ruleset again and again; it is
+killed with SIGKILL at points spread around its first full commit (timed
+from a first, uninterrupted run's log). Every listing shows either no table
+or the complete one -- what one `nftproxy sync` builds -- never half of it
+(the two tables go in one transaction), and a restart converges to the
+complete table, whatever the kill left.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from faults import (
+    CIDRS,
+    NODE,
+    AgentProcess,
+    Watcher,
+    big_cluster,
+    counts,
+    drop_tables,
+    tables,
+)
+
+from nftproxy.tools.sandbox.probe import subprocess_env
+
+
+def test_a_sigkill_during_the_first_full_commit_never_shows_half_a_table(
+    netns: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "cluster.json"
+    big_cluster(path, 2000)
+    subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-m", "nftproxy", "sync",
+                    "--source", str(path), "--node-name", NODE, "--cluster-cidr", CIDRS[0]],
+                   check=True, capture_output=True, env=subprocess_env())
+    want, complete = tables(netns), counts(netns)  # what one full sync builds
+    absent = {"ip": None, "ip6": None}
+    assert complete["ip"] is not None and complete["ip"][0] > 4000
+    drop_tables(netns)
+
+    # When does the first full commit run, counted from "agent started"
+    # (with the listings going on, which slow it down)?
+    with Watcher(netns):
+        calibration = AgentProcess(netns, path)
+        started, _ = calibration.wait_line("agent started")
+        synced, line = calibration.wait_line(" synced ")
+        calibration.stop(signal.SIGTERM)
+    match = re.search(r"commit_ms=([\d.]+)", line)
+    assert match, line
+    commit = float(match.group(1)) / 1000
+    window = (synced - started - commit, synced - started)
+
+    outcomes = []
+    runs = 4
+    for k in range(runs):
+        drop_tables(netns)
+        at = window[0] - 0.3 + (window[1] - window[0] + 0.6) * k / (runs - 1)
+        with Watcher(netns) as watcher:
+            agent = AgentProcess(netns, path)
+            try:
+                agent.wait_line("agent started")
+                time.sleep(at)
+            finally:
+                assert agent.stop(signal.SIGKILL) == -signal.SIGKILL
+            time.sleep(0.3)
+        outcomes.append(counts(netns) == complete)
+        assert watcher.seen, "the watcher saw nothing"
+        half = [seen for seen in watcher.seen if seen not in (absent, complete)]
+        assert not half, f"a listing showed half a table: {half[:3]} (complete: {complete})"
+
+        restarted = AgentProcess(netns, path)  # converges, whatever the kill left
+        try:
+            restarted.wait_line(" synced ")
+            assert tables(netns) == want
+        finally:
+            assert restarted.stop(signal.SIGTERM) == 0
+    print(f"\n(a) first full commit {commit * 1000:.0f} ms, "
+          f"{window[0]:.2f}-{window[1]:.2f}s after start; {runs} SIGKILLs around it: "
+          f"table complete after {sum(outcomes)}, absent after {runs - sum(outcomes)}; "
+          "every listing seen was absent or complete, every restart converged")

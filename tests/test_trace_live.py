@@ -1,0 +1,164 @@
+"""`nftproxy trace --live`: the kernel's own trace of real packets, and nothing left behind.
+
+Aspects (kernel tests: a namespace with the sample programmed by `nftproxy
+sync` and a route out, so the namespace's own packets reach the output hook):
+- the node's own UDP datagram to a ClusterIP is reported rule by rule in
+  trace's vocabulary (hook, chain #rule, the rule as nft prints it, the
+  verdict) with its outcome (DNAT target, masquerade); the command stops
+  after --count packets, and the table is exactly as before;
+- interrupted with SIGINT (Ctrl-C) or SIGTERM while waiting, it removes its
+  chains and exits; also when the agent's full sync removed them first;
+- the event lines of `nft -a monitor trace` are read (pure).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nftproxy.core.trace import Packet
+from nftproxy.kernel import netns as nsutil
+from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.tools.trace_live import parse_event, removal, trace_chains
+
+SAMPLE = str(Path(__file__).resolve().parents[1] / "nftproxy" / "examples" / "cluster.yaml")
+NFTPROXY = [sys.executable, "-m", "nftproxy"]
+TARGET = ("10.96.0.53", 53)  # demo/dns:dns, UDP, three endpoints
+
+
+def test_monitor_lines_are_read() -> None:
+    rule = parse_event('trace id dd605f1f ip nftproxy KUBE-SERVICES rule ip daddr . meta l4proto '
+                       '. th dport vmap @service-ips comment "x" # handle 63 (verdict goto '
+                       'KUBE-SVC-IXHL676EY46F5RLS)')
+    assert rule is not None
+    assert (rule.id, rule.table, rule.chain, rule.kind, rule.handle, rule.verdict) == (
+        "dd605f1f", "nftproxy", "KUBE-SERVICES", "rule", 63, "goto KUBE-SVC-IXHL676EY46F5RLS")
+    policy = parse_event("trace id dd605f1f ip nftproxy filter-output policy accept meta mark "
+                         "0x00004000 ")
+    assert policy is not None and (policy.kind, policy.verdict) == ("policy", "accept")
+    packet = parse_event('trace id 1 ip6 t c packet: iif "eth0" ip6 saddr fd00::1')
+    assert packet is not None and packet.text == 'iif "eth0" ip6 saddr fd00::1'
+    assert parse_event("something else") is None
+
+
+def test_the_tracing_chains_match_the_5_tuple_and_are_removed_one_by_one() -> None:
+    cmds = trace_chains(Packet("fd00::2", "fd00::10", 80, "tcp", sport=4000), "nftproxy", 7)
+    chains = [c["add"]["chain"] for c in cmds if "chain" in c["add"]]
+    assert [(c["family"], c["name"], c["hook"], c["prio"]) for c in chains] == [
+        ("ip6", "trace-7-prerouting", "prerouting", -350),
+        ("ip6", "trace-7-output", "output", -350),
+    ]
+    rule = next(c["add"]["rule"] for c in cmds if "rule" in c["add"])
+    assert rule["expr"][-1] == {"mangle": {"key": {"meta": {"key": "nftrace"}}, "value": 1}}
+    assert [e["match"]["right"] for e in rule["expr"][:-1]] == [
+        "fd00::2", "fd00::10", "tcp", 80, 4000]
+    assert [len(t) for t in removal("ip6", "nftproxy", ["a", "b"])] == [2, 2]
+
+
+# --- kernel -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def node(netns: str) -> Iterator[str]:
+    """`netns` with the sample programmed and a route out (a veth pair)."""
+    for argv in (["ip", "link", "set", "lo", "up"],
+                 ["ip", "link", "add", "out0", "type", "veth", "peer", "name", "out1"],
+                 ["ip", "addr", "add", "192.168.50.1/24", "dev", "out0"],
+                 ["ip", "link", "set", "out0", "up"], ["ip", "link", "set", "out1", "up"],
+                 ["ip", "route", "add", "default", "dev", "out0"]):
+        nsutil.exec_in(netns, argv, check=True)
+    synced = nsutil.exec_in(netns, [*NFTPROXY, "sync", "--source", SAMPLE, "--cluster-cidr",
+                                    "10.244.0.0/16,fd00:244::/48"], check=False)
+    assert synced.returncode == 0, synced.stderr
+    yield netns
+
+
+def _table(ns: str) -> list[Any]:
+    with NftBackend(netns=ns) as backend:
+        doc = backend.list_table("ip", "nftproxy")
+    assert doc is not None
+    return [item for item in doc["nftables"] if "chain" in item or "rule" in item]
+
+
+def _without_handles(items: list[Any]) -> str:
+    return json.dumps([{k: {f: v for f, v in o.items() if f != "handle"} for k, o in i.items()}
+                       for i in items], sort_keys=True)
+
+
+def _tracer(ns: str, *extra: str) -> subprocess.Popen[str]:
+    argv = ["ip", "netns", "exec", ns, *NFTPROXY, "trace", "--live", *extra,
+            "192.168.50.1", f"{TARGET[0]}:{TARGET[1]}/udp"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_chains(ns: str, proc: subprocess.Popen[str], present: bool = True) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        names = {i["chain"]["name"] for i in _table(ns) if "chain" in i}
+        if any(n.startswith("trace-") for n in names) == present:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("the tracing chains did not appear")
+
+
+def _send_udp(ns: str) -> None:
+    def send() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(b"x", TARGET)
+
+    nsutil.run_in(ns, send)
+
+
+def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(node: str) -> None:
+    before = _without_handles(_table(node))
+    proc = _tracer(node, "--count", "1", "--timeout", "30")
+    _wait_for_chains(node, proc)
+    _send_udp(node)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("tracing 192.168.50.1 -> 10.96.0.53:53/udp in table ip nftproxy")
+    assert lines[1].startswith("packet 1 (trace id ")
+    assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#1"] and
+               "=> goto KUBE-SVC-IXHL676EY46F5RLS" in line for line in lines), out
+    assert any("dnat to 10.244." in line and "=> accept" in line for line in lines), out
+    assert any("masquerade fully-random  => accept" in line for line in lines), out
+    summary = next(line for line in lines if line.startswith("  packet 1: "))
+    assert summary.startswith("  packet 1: accepted, DNAT to 10.244.") and summary.endswith(
+        "masqueraded"), summary
+    assert "1 packet(s) traced" in lines
+    assert _without_handles(_table(node)) == before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_it_removes_its_chains(node: str, sig: signal.Signals) -> None:
+    before = _without_handles(_table(node))
+    proc = _tracer(node, "--timeout", "60")
+    _wait_for_chains(node, proc)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "interrupted" in out and "removed trace-" in out
+    assert _without_handles(_table(node)) == before
+
+
+def test_chains_already_removed_by_a_full_sync_are_no_error(node: str) -> None:
+    proc = _tracer(node, "--timeout", "60")
+    _wait_for_chains(node, proc)
+    resynced = nsutil.exec_in(node, [*NFTPROXY, "sync", "--source", SAMPLE, "--cluster-cidr",
+                                     "10.244.0.0/16,fd00:244::/48"], check=False)
+    assert resynced.returncode == 0, resynced.stderr
+    _wait_for_chains(node, proc, present=False)  # the agent's full sync deleted them
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "could not remove" not in out, (out, err)

@@ -1,0 +1,326 @@
+"""Two nftables userspaces: what one writes, the other lists (docs/userspaces.md).
+
+Aspects:
+- declarations in both dialects (core/nft/ops.py): by datatype for
+  libnftables 1.0.6, by typeof for 1.1.x (`"type": {"typeof": ...}` and, for
+  verdict maps, `"map": {"typeof": {"accept": null}}`); `NftBackend` picks the
+  dialect of the libnftables it runs with;
+- the planner and the dialect: in the typeof dialect a full sync re-declares
+  a set listed by datatype (1.1.x lists so only what it was told by `type`,
+  whose userdata crash 1.0.6), once, and keeps what it declared by typeof; in
+  the datatype dialect nothing is re-declared (1.0.6 lists every set so);
+- version skew, in the kernel, both ways: a table programmed by `nftproxy
+  sync` in one userspace lists cleanly (rc 0, no segfault) with the other's
+  `nft list ruleset`, `nft -j list ruleset` and `nftproxy dump` (which shows
+  what the writer's own dump shows); also after the other's sync over it (an
+  agent rolled back or upgraded), and after 1.1.x syncs over a table declared
+  as nftproxy did before (by `type`). These need the trixie userspace
+  (libnftables 1.1.3, `scripts/userspace.sh trixie`) at $NFTPROXY_TRIXIE,
+  which scripts/test-userspaces.sh builds and sets; without it they skip,
+  saying so; they run from the host (1.0.6), which drives both userspaces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import IPFamily, NodeInfo
+from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.nft.ops import Table
+from nftproxy.core.nft.plan import TableState, stage_full
+from nftproxy.core.rules.fragment import Fragment, SetDecl
+from nftproxy.core.rules.skeleton import render_skeleton
+from nftproxy.kernel.fake import FakeBackend
+from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.tools.dry_run import proxier_from_files
+
+REPO = Path(__file__).resolve().parent.parent
+TRIXIE_ENV = "NFTPROXY_TRIXIE"
+SAMPLE = "nftproxy/examples/cluster.yaml"
+THREE = ("ip daddr", "meta l4proto", "th dport")
+CONCAT = {
+    "concat": [
+        {"payload": {"protocol": "ip", "field": "daddr"}},
+        {"meta": {"key": "l4proto"}},
+        {"payload": {"protocol": "th", "field": "dport"}},
+    ]
+}
+
+
+# --- the two dialects -------------------------------------------------------
+
+
+def _spec(table: Table, decl: SetDecl) -> dict[str, object]:
+    ((kind, spec),) = table.add_set(decl)["add"].items()
+    assert kind == ("map" if decl.map else "set")
+    return dict(spec)
+
+
+def test_the_typeof_dialect_declares_keys_by_expression_and_verdicts_by_typeof() -> None:
+    t = Table("ip", "nftproxy", typeof=True)
+    vmap = _spec(t, SetDecl.keyed("m", THREE, map="verdict"))
+    assert vmap["type"] == {"typeof": CONCAT}
+    assert vmap["map"] == {"typeof": {"accept": None}}
+    aff = _spec(t, SetDecl.keyed("a", ("ip6 saddr",), flags=("timeout",), timeout=60))
+    assert aff["type"] == {"typeof": {"payload": {"protocol": "ip6", "field": "saddr"}}}
+    assert aff["flags"] == ["timeout"] and aff["timeout"] == 60
+
+
+def test_the_datatype_dialect_declares_as_before() -> None:
+    t = Table("ip", "nftproxy")
+    vmap = _spec(t, SetDecl.keyed("m", THREE, map="verdict"))
+    assert vmap["type"] == ["ipv4_addr", "inet_proto", "inet_service"]
+    assert vmap["map"] == "verdict"
+    assert _spec(t, SetDecl.keyed("s", ("ip daddr",)))["type"] == "ipv4_addr"
+
+
+def test_a_declaration_without_selectors_stays_by_datatype() -> None:
+    decl = SetDecl("pairs", ("ipv4_addr", "ipv4_addr"))
+    assert _spec(Table("ip", "t", typeof=True), decl)["type"] == ["ipv4_addr", "ipv4_addr"]
+
+
+def test_a_listing_by_typeof_is_read() -> None:
+    listed = TableListing.from_json(
+        "ip",
+        "t",
+        [{"map": {"family": "ip", "table": "t", "name": "m", "type": {"typeof": CONCAT},
+                  "map": "verdict", "handle": 3}}],
+    )
+    (ks,) = listed.sets.values()
+    assert ks.type == () and ks.map == "verdict"
+    assert ks.typeof == Table("ip", "t", typeof=True).declared_typeof(
+        SetDecl.keyed("m", THREE, map="verdict")
+    )
+
+
+def _declarations(commands: tuple[Any, ...]) -> list[Any]:
+    return [
+        spec
+        for c in commands
+        for verb, body in c.items()
+        if verb == "add"
+        for kind, spec in body.items()
+        if kind in ("set", "map")
+    ]
+
+
+def test_every_set_and_map_of_the_sample_is_declared_by_typeof_on_1_1() -> None:
+    """Skeleton maps and sets, firewall (interval) and affinity (timeout) sets:
+    none may fall back to a datatype declaration, which would crash 1.0.6."""
+    proxier = proxier_from_files([SAMPLE], ProxyConfig(), FakeBackend(version="1.1"))
+    decls = _declarations(proxier.plan_full().commands)
+    kinds = {(bool(d.get("map")), tuple(d.get("flags", ()))) for d in decls}
+    assert kinds >= {(True, ()), (False, ()), (False, ("interval",)), (False, ("timeout",))}
+    assert all(isinstance(d["type"], dict) and "typeof" in d["type"] for d in decls)
+    assert all(d["map"] == {"typeof": {"accept": None}} for d in decls if "map" in d)
+
+
+# --- the planner in each dialect --------------------------------------------
+
+
+def _skeleton() -> Fragment:
+    config = ProxyConfig(node_name="n")
+    return render_skeleton(IPFamily.IPV4, config, NodeInfo("n", ("192.168.50.1",)))
+
+
+def _full_sync(backend: FakeBackend, *, typeof: bool) -> list[str]:
+    """One full sync of the skeleton; the names of the sets it deleted."""
+    state = TableState(IPFamily.IPV4, Table("ip", "nftproxy"))
+    state.use_typeof(typeof)
+    staged = stage_full(state, backend.list_table_objects("ip", "nftproxy"), {"sk": _skeleton()})
+    backend.commit(staged.commands)
+    staged.commit()
+    return [
+        next(iter(c["delete"].values()))["name"]
+        for c in staged.commands
+        if "delete" in c and {"set", "map"} & set(c["delete"])
+    ]
+
+
+@pytest.fixture
+def fake11() -> Iterator[FakeBackend]:
+    backend = FakeBackend(version="1.1")
+    backend.start()
+    yield backend
+    backend.close()
+
+
+def test_1_1_redeclares_sets_listed_by_datatype_once(fake11: FakeBackend) -> None:
+    assert _full_sync(fake11, typeof=False) == []  # as nftproxy declared before
+    redeclared = _full_sync(fake11, typeof=True)
+    assert sorted(redeclared) == sorted(s.name for s in _skeleton().sets)
+    assert _full_sync(fake11, typeof=True) == []  # now listed by typeof: kept
+    listed = fake11.list_table_objects("ip", "nftproxy")
+    assert listed is not None and all(s.typeof for s in listed.sets.values())
+
+
+def test_1_0_6_never_redeclares() -> None:
+    fake = FakeBackend()
+    fake.start()
+    assert _full_sync(fake, typeof=False) == []
+    assert _full_sync(fake, typeof=False) == []
+
+
+# --- the dialect of the libnftables in use (kernel) ---------------------------
+
+
+def _nft_version() -> tuple[int, ...]:
+    out = subprocess.run(["nft", "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"v(\d+)\.(\d+)\.(\d+)", out)
+    assert match, out
+    return tuple(int(g) for g in match.groups())
+
+
+def test_the_backend_declares_by_typeof_exactly_where_libnftables_can(netns: str) -> None:
+    with NftBackend(netns=netns) as nft:
+        assert nft.accepts_typeof() == (_nft_version() >= (1, 1, 0))
+        table = Table("ip", "px", typeof=nft.accepts_typeof())
+        decl = SetDecl.keyed("m", THREE, map="verdict")
+        nft.commit([table.add_table(), table.add_set(decl)])
+        listed = nft.list_table_objects("ip", "px")
+    assert listed is not None
+    ks = listed.sets["m"]
+    assert (ks.map, ks.typeof) == ("verdict", table.declared_typeof(decl))
+    assert ks.type == (() if table.typeof else ("ipv4_addr", "inet_proto", "inet_service"))
+
+
+class Recording(NftBackend):
+    """NftBackend that keeps the commands of every commit."""
+
+    sent: list[Any]
+
+    def commit(self, commands: Any, *, fresh: bool = False) -> None:
+        self.sent = [*getattr(self, "sent", []), *commands]
+        super().commit(commands, fresh=fresh)
+
+
+def test_a_full_sync_keeps_what_the_last_one_declared(netns: str) -> None:
+    """In either userspace the kernel lists each declaration as the planner
+    expects it (ip and ip6, maps and sets): a second full sync re-declares
+    nothing, so affinity sets keep their clients."""
+    with Recording(netns=netns) as nft:
+        proxier = proxier_from_files([SAMPLE], ProxyConfig(), nft)
+        proxier.sync()
+        nft.sent = []
+        proxier.request_full_sync()
+        assert proxier.sync().full
+        listed = nft.list_table_objects("ip", "nftproxy")
+    deleted = [c for c in nft.sent if "delete" in c and {"set", "map"} & set(c["delete"])]
+    assert deleted == []
+    assert listed is not None and any(n.endswith("-affinity") for n in listed.sets)
+
+
+# --- version skew, both ways (kernel, host + trixie userspace) -------------------
+
+
+@dataclass(frozen=True)
+class Userspace:
+    name: str
+    prefix: tuple[str, ...]  # runs argv in netns "{ns}"
+    python: str
+
+    def run(
+        self, ns: str, *argv: str, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [a.format(ns=ns) for a in self.prefix] + list(argv)
+        return subprocess.run(
+            cmd, input=stdin, capture_output=True, text=True, check=False, cwd=REPO, timeout=300
+        )
+
+    def nftproxy(self, ns: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run(ns, self.python, "-m", "nftproxy", *args)
+
+
+def _trixie_dir() -> Path:
+    if os.environ.get("NFTPROXY_USERSPACE"):  # set by scripts/userspace.sh run
+        pytest.skip("inside a built userspace: the skew tests run from the host, driving both")
+    path = os.environ.get(TRIXIE_ENV)
+    if not path:
+        pytest.skip(
+            f"version skew not tested: no trixie userspace (${TRIXIE_ENV} unset; "
+            "scripts/test-userspaces.sh builds one and runs this)"
+        )
+    root = Path(path)
+    if not (root / "etc/debian_version").exists():
+        pytest.fail(f"${TRIXIE_ENV}={path} is not a built userspace", pytrace=False)
+    return root
+
+
+def _userspaces() -> tuple[Userspace, Userspace]:
+    root = _trixie_dir()
+    host = Userspace("host", ("ip", "netns", "exec", "{ns}"), sys.executable)
+    helper = str(REPO / "scripts/userspace.sh")
+    trixie = Userspace(
+        "trixie", ("bash", helper, "run", str(root), "-n", "{ns}"), "/opt/nftproxy/bin/python"
+    )
+    return host, trixie
+
+
+def _ok(proc: subprocess.CompletedProcess[str], what: str) -> str:
+    crashed = " (segfault)" if proc.returncode in (139, -11) else ""
+    assert proc.returncode == 0, f"{what}: rc {proc.returncode}{crashed}\n{proc.stderr[-2000:]}"
+    return proc.stdout
+
+
+def _listings(us: Userspace, ns: str) -> tuple[str, str, str]:
+    """`nft list ruleset`, `nft -j list ruleset`, `nftproxy dump` by `us`."""
+    text = _ok(us.run(ns, "nft", "list", "ruleset"), f"{us.name}: nft list ruleset")
+    js = _ok(us.run(ns, "nft", "-j", "list", "ruleset"), f"{us.name}: nft -j list ruleset")
+    dump = _ok(us.nftproxy(ns, "dump"), f"{us.name}: nftproxy dump")
+    return text, js, dump
+
+
+def _old_declarations() -> str:
+    """nftproxy's transaction as it was before it declared by typeof: the
+    --dry-run plan (a 1.0.6-dialect fake), one JSON command a line."""
+    plan = subprocess.run(
+        [sys.executable, "-m", "nftproxy", "sync", "--dry-run", "--source", SAMPLE],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )
+    commands = [json.loads(line) for line in plan.stdout.splitlines() if line.strip()]
+    return json.dumps({"nftables": commands})
+
+
+def _write(how: str, writer: Userspace, lister: Userspace, ns: str) -> None:
+    if how == "old declarations, then sync":
+        _ok(writer.run(ns, "nft", "-j", "-f", "-", stdin=_old_declarations()), "old declarations")
+    _ok(writer.nftproxy(ns, "sync", "--source", SAMPLE), f"{writer.name}: nftproxy sync")
+    if how == "sync, then the lister's sync":
+        _ok(lister.nftproxy(ns, "sync", "--source", SAMPLE), f"{lister.name}: sync over it")
+
+
+HOWS = ["sync", "sync, then the lister's sync", "old declarations, then sync"]
+
+
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("writer_name", ["trixie", "host"], ids=["1.1.3 writes", "1.0.6 writes"])
+def test_a_table_written_by_one_userspace_lists_cleanly_with_the_other(
+    netns: str, writer_name: str, how: str
+) -> None:
+    host, trixie = _userspaces()
+    writer, lister = (trixie, host) if writer_name == "trixie" else (host, trixie)
+    _write(how, writer, lister, netns)
+    text, js, dump = _listings(lister, netns)
+    assert "table ip nftproxy" in text and "KUBE-SERVICES" in text
+    assert any("table" in o for o in json.loads(js)["nftables"])
+    assert dump == _listings(writer, netns)[2]  # both read the same services
+    assert "demo/web:http" in dump
+
+
+def test_the_sample_declares_what_the_skew_test_needs() -> None:
+    """The skew test covers every kind of declaration: verdict maps keyed by
+    address . proto . port and by proto . port, plain, interval and timeout
+    sets (sessionAffinity, loadBalancerSourceRanges)."""
+    text = (REPO / SAMPLE).read_text()
+    assert "sessionAffinity: ClientIP" in text and "loadBalancerSourceRanges" in text
