@@ -34,6 +34,10 @@ What it serves (JSON only):
   resourceVersion from before the outage (watch or continue token) with
   410, like a real API server whose watch cache is new after a restart.
 
+TLS: with `tls=ServerTls(cert_file, key_file, ca_file)` it serves HTTPS
+(the handshake runs in the request's thread, so a client that rejects the
+certificate does not block the server) and `api_client()` trusts `ca_file`.
+
 One resourceVersion counter for all resources, as etcd has.
 """
 
@@ -47,6 +51,7 @@ import errno
 import itertools
 import json
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -58,7 +63,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client as k8s_client
 
-__all__ = ["RESOURCES", "FakeApiServer", "Request", "ResourceType"]
+__all__ = ["RESOURCES", "FakeApiServer", "Request", "ResourceType", "ServerTls"]
 
 Object = dict[str, Any]
 _Key = tuple[str, str, str]  # resource plural, namespace, name
@@ -160,6 +165,21 @@ class _State:
     stopping: bool = False
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """PEM files for HTTPS: the server's certificate (chain) and key, and
+    the CA clients should trust."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
 class FakeApiServer:
     """Start with `with FakeApiServer() as api:`; `api.api_client()` talks to it."""
 
@@ -170,7 +190,9 @@ class FakeApiServer:
         gone_as_http: bool = False,
         bookmark_interval: float | None = None,
         max_watch_seconds: float | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
+        self.tls = tls
         self.serve_service_cidrs = serve_service_cidrs
         self.gone_as_http = gone_as_http
         self.bookmark_interval = bookmark_interval
@@ -206,6 +228,7 @@ class FakeApiServer:
         if forget_history:
             self.expire_history()
         httpd = _bind(self._port, Handler)
+        httpd.tls_context = self.tls.server_context() if self.tls is not None else None
         self._port = int(httpd.server_address[1])
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -240,15 +263,18 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         """Also while stopped (a restart serves on the same port)."""
+        scheme = "https" if self.tls is not None else "http"
         if self._httpd is not None:  # (vmtests' LanApiServer binds elsewhere)
             host, port = self._httpd.server_address[:2]
-            return f"http://{host!s}:{port}"
+            return f"{scheme}://{host!s}:{port}"
         assert self._port, "start() first"
-        return f"http://127.0.0.1:{self._port}"
+        return f"{scheme}://127.0.0.1:{self._port}"
 
     def api_client(self) -> Any:
         """A real kubernetes ApiClient pointed at this server (no proxy)."""
         config = k8s_client.Configuration(host=self.url, no_proxy="127.0.0.1")
+        if self.tls is not None:
+            config.ssl_ca_cert = self.tls.ca_file
         return k8s_client.ApiClient(configuration=config)
 
     # -- the cluster, as tests change it ------------------------------------------------
@@ -528,13 +554,22 @@ def _gone_status(rv: str) -> Object:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    tls_context: ssl.SSLContext | None = None
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, address = super().get_request()
+        if self.tls_context is not None:  # handshake at the first read, in the handler's thread
+            conn = self.tls_context.wrap_socket(
+                conn, server_side=True, do_handshake_on_connect=False
+            )
+        return conn, address
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not isinstance(sys.exc_info()[1], OSError):  # a cut connection is no news
             super().handle_error(request, client_address)
 
 
-def _bind(port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+def _bind(port: int, handler: type[BaseHTTPRequestHandler]) -> _Server:
     """A server on 127.0.0.1:`port` (0: any); a restart waits up to 5 s for
     the port to be free."""
     deadline = time.monotonic() + 5.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,39 @@ def test_config_hard_fail_flag_turns_warnings_into_an_error(
     err = capsys.readouterr().err
     assert err.startswith(f"nftproxy: config: {config}: configHardFail: masqueradeBitt:")
     assert err.count("\n") == 1
+
+
+def test_run_posts_an_event_about_the_object_with_an_invalid_field(tmp_path: Path) -> None:
+    """`run` with the API source: each invalid field the Intake reports
+    becomes one Warning Event about the object it is in."""
+    from fakeapi import FakeApiServer
+
+    from nftproxy.agent.intake import InvalidField
+    from nftproxy.core.convert import Problem
+
+    server = FakeApiServer()
+    server.start()
+    try:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        }))
+        report = cli._kube_source(str(kubeconfig), "node-a")[1].on_invalid_field
+        assert report is not None
+        problem = Problem("EndpointSlice", "ns/web-1", "endpoints[1].addresses[0]",
+                          "invalid IP address '10.0.1.999'")
+        report(InvalidField(problem, "ns", "web-1", "u-1"))
+        deadline = time.monotonic() + 10
+        while not server.objects("Event") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (event,) = server.objects("Event").values()
+    finally:
+        server.stop()
+    assert event["metadata"]["namespace"] == "ns"
+    assert event["involvedObject"] == {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+                                       "namespace": "ns", "name": "web-1", "uid": "u-1"}
+    assert (event["type"], event["reason"]) == ("Warning", "InvalidFieldSkipped")
+    assert event["message"] == str(problem)

@@ -382,7 +382,8 @@ def test_c_the_cli_posts_a_node_event_for_a_refused_sync(tmp_path: Path) -> None
             "users": [{"name": "fake", "user": {}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
         }))
-        _, _, on_sync_failure = cli._kube_source(str(kubeconfig), NODE)
+        on_sync_failure = cli._kube_source(str(kubeconfig), NODE)[1].on_sync_failure
+        assert on_sync_failure is not None
         busy = NftBusy("internal:0:0-0: Error: Could not process rule: Device or resource busy\n")
         on_sync_failure(busy)
         wait_until(lambda: not any(t.name == "event" for t in threading.enumerate()), 10,

@@ -24,6 +24,9 @@ from kubernetes.client.exceptions import ApiException
 __all__ = ["EventRecorder"]
 
 _EVENT_TIMEOUT = (2.0, 5.0)  # connect, read
+_API_VERSIONS = {"EndpointSlice": "discovery.k8s.io/v1", "ServiceCIDR": "networking.k8s.io/v1"}
+_CLUSTER_SCOPED = frozenset({"Node", "ServiceCIDR"})
+"""Events about these live in namespace `default`, as client-go records them."""
 
 
 class EventRecorder:
@@ -117,8 +120,8 @@ class EventRecorder:
                 if exc.status != 404:  # 404: the Event expired; create a new one
                     raise
         event_name = f"{name}.{int(now * 1e9):x}"
-        involved = {"kind": kind, "apiVersion": "v1", "name": name}
-        if kind != "Node":  # the one cluster-scoped kind nftproxy reports on
+        involved = {"kind": kind, "apiVersion": _API_VERSIONS.get(kind, "v1"), "name": name}
+        if kind not in _CLUSTER_SCOPED:
             involved["namespace"] = namespace
         if uid:
             involved["uid"] = uid

@@ -26,9 +26,10 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from nftproxy import __version__
 from nftproxy.agent.agent import (
     Agent,
     ConntrackEdge,
@@ -36,6 +37,7 @@ from nftproxy.agent.agent import (
     SourceFactory,
     SyncFailureCallback,
 )
+from nftproxy.agent.intake import InvalidField
 from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import ClusterEvents
 from nftproxy.cluster.file import FileSource, SourceError, WatchedFiles
@@ -93,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Kubernetes service proxy for nft-native nodes: kube-proxy's KUBE-* "
         "semantics, programmed with nftables in one atomic transaction per sync.",
     )
+    parser.add_argument("--version", action="version", version=f"nftproxy {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     run = sub.add_parser(
@@ -182,16 +185,13 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
     """Run the agent until SIGTERM/SIGINT; the rules stay in place after."""
     if (rc := _needs_root("run")) is not None:
         return rc
-    on_bind_error: BindErrorCallback | None = None
-    on_sync_failure: SyncFailureCallback | None = None
+    events = _ApiEvents()
     try:
         if args.source:
             config, source_factory = _file_source(args.source, config)
         else:
             config = _with_hostname(config)
-            source_factory, on_bind_error, on_sync_failure = _kube_source(
-                args.kubeconfig, config.node_name
-            )
+            source_factory, events = _kube_source(args.kubeconfig, config.node_name)
     except (SourceError, _StartError) as exc:
         print(f"nftproxy: run: {exc}", file=sys.stderr)
         return 1
@@ -203,8 +203,9 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
         sysctl_fs=HostFS(),
         conntrack=_conntrack(),
         host_addresses=AddressWatch(),
-        on_bind_error=on_bind_error,
-        on_sync_failure=on_sync_failure,
+        on_bind_error=events.on_bind_error,
+        on_sync_failure=events.on_sync_failure,
+        on_invalid_field=events.on_invalid_field,
         trim_memory=malloc_trim,
     )
     stop = threading.Event()
@@ -247,12 +248,19 @@ def _file_source(paths: Sequence[str], config: ProxyConfig) -> tuple[ProxyConfig
     return config, source_factory
 
 
-def _kube_source(
-    kubeconfig: str | None, node_name: str
-) -> tuple[SourceFactory, BindErrorCallback, SyncFailureCallback]:
+@dataclass(frozen=True)
+class _ApiEvents:
+    """What `run` reports as Kubernetes Events (none without the API source)."""
+
+    on_bind_error: BindErrorCallback | None = None
+    on_sync_failure: SyncFailureCallback | None = None
+    on_invalid_field: Callable[[InvalidField], None] | None = None
+
+
+def _kube_source(kubeconfig: str | None, node_name: str) -> tuple[SourceFactory, _ApiEvents]:
     """The API source, and the callbacks that post Events: a health-check
     port that cannot be bound (about the Service), a refused sync (about
-    this Node)."""
+    this Node), an invalid field skipped (about the object it is in)."""
     try:  # imported lazily: the kubernetes client costs ~0.5 s to import
         from nftproxy.cluster.kube import KubeSource, from_config
         from nftproxy.cluster.kube_events import EventRecorder
@@ -285,7 +293,12 @@ def _kube_source(
              reason="SyncProxyRulesFailed",
              message=f"syncing proxy rules failed, retrying: {text}"[:1024])
 
-    return source_factory, on_bind_error, on_sync_failure
+    def on_invalid_field(invalid: InvalidField) -> None:
+        kind = invalid.problem.kind
+        post(namespace=invalid.namespace or "default", name=invalid.name, uid=invalid.uid,
+             kind=kind, reason="InvalidFieldSkipped", message=str(invalid.problem)[:1024])
+
+    return source_factory, _ApiEvents(on_bind_error, on_sync_failure, on_invalid_field)
 
 
 def _conntrack() -> ConntrackEdge | None:
