@@ -5,7 +5,11 @@
 #  1. from the host, the version-skew test: a table written by either
 #     userspace lists cleanly with the other (tests/test_userspaces.py);
 #  2. inside trixie, the kernel-facing tests (nft, proxier, dataplane,
-#     conntrack) against libnftables 1.1.3.
+#     conntrack) against libnftables 1.1.3;
+#  3. from the host, the image: deploy/Dockerfile's steps replayed in a
+#     throw-away overlay of trixie, then its nftproxy syncs a netns whose
+#     table the host's nft lists and the host's nftproxy syncs over
+#     (tests/test_image_install.py; no Docker engine needed).
 # As root. NFTPROXY_TRIXIE=DIR uses (or builds) DIR instead of
 # .userspaces/trixie. Extra arguments go to both pytest runs.
 set -euo pipefail
@@ -27,6 +31,9 @@ echo "test-userspaces: kernel-facing tests inside trixie (libnftables 1.1.3)"
 bash scripts/userspace.sh run "$NFTPROXY_TRIXIE" \
   /opt/nftproxy/bin/python -m pytest -p no:cacheprovider "${kernel_tests[@]}" "$@" || rc=$?
 t3=$(date +%s)
+echo "test-userspaces: the image (deploy/Dockerfile) replayed in trixie"
+.venv/bin/python -m pytest -p no:cacheprovider tests/test_image_install.py "$@" || rc=$?
+t4=$(date +%s)
 echo "test-userspaces: build/check $((t1 - t0)) s, skew $((t2 - t1)) s," \
-  "trixie tests $((t3 - t2)) s, total $((t3 - t0)) s"
+  "trixie tests $((t3 - t2)) s, image $((t4 - t3)) s, total $((t4 - t0)) s"
 exit $rc

@@ -173,10 +173,14 @@ class ServerTls:
     cert_file: str
     key_file: str
     ca_file: str
+    client_ca_file: str | None = None  # set: clients must present a certificate it signed
 
     def server_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self.cert_file, self.key_file)
+        if self.client_ca_file is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(self.client_ca_file)
         return context
 
 
@@ -379,6 +383,11 @@ class FakeApiServer:
         `retry_after` is given."""
         with self._cond:
             self._s.failures.append(_Failure(count, resource, status, watch_only, retry_after))
+
+    def clear_failures(self) -> None:
+        """Forget the failures fail_requests() asked for and not yet served."""
+        with self._cond:
+            self._s.failures.clear()
 
     def watchers(self, resource: str) -> int:
         """Open watches of `resource` not already told to end."""

@@ -410,7 +410,7 @@ def _run_env(command: str) -> dict[str, str]:
 
 def test_dockerfile_installs_with_scripts_setup_sh_and_nothing_else() -> None:
     instructions = dockerfile()
-    assert instructions[0] == ("FROM", "debian:bookworm-slim")
+    assert instructions[0] == ("FROM", "debian:trixie-slim")  # libnftables 1.1.3
     runs = [args for keyword, args in instructions if keyword == "RUN"]
     setup_runs = [r for r in runs if re.search(r"\bbash scripts/setup\.sh\b", r)]
     assert len(setup_runs) == 1, "the image runs scripts/setup.sh once"

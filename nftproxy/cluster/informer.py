@@ -65,6 +65,7 @@ from typing import Any, Protocol
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from nftproxy.cluster.api_errors import classify, describe, retry_after
 from nftproxy.cluster.events import Obj
 from nftproxy.cluster.retry import Retry
 
@@ -189,48 +190,6 @@ class Deliver(Protocol):
 # -- one informer ---------------------------------------------------------------------
 
 
-def _retry_after(exc: ApiException) -> float | None:
-    """The Retry-After header of an HTTP error, in seconds (None if absent)."""
-    value = (getattr(exc, "headers", None) or {}).get("Retry-After")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:  # an HTTP date: use the backoff instead
-        return None
-
-
-def _classify(exc: ApiException) -> tuple[str, str]:
-    """(reason, cause) of an HTTP error or a TLS failure (the client turns
-    an SSLError into ApiException(status=0)), the cause on one line."""
-    status = exc.status or 0
-    if status == 0:
-        detail = str(exc.reason or "").split("\n", 1)[-1].replace("\n", " ")  # "SSLError\n..."
-        return "tls", f"TLS: {detail} (check the CA, server name and client certificate)"
-    message = _status_message(exc)
-    what = f"HTTP {status} {exc.reason}" + (f": {message}" if message else "")
-    if status == 401:
-        return "unauthorized", f"{what} (the API server rejected the credentials)"
-    if status == 403:
-        return "forbidden", f"{what} (RBAC: see deploy/'s ClusterRole)"
-    return "http", what
-
-
-def _status_message(exc: ApiException) -> str:
-    """The message of the Status object an HTTP error carries, if any."""
-    try:
-        body = json.loads(exc.body or b"{}")
-    except (ValueError, TypeError):
-        return ""
-    return str(body.get("message") or "") if isinstance(body, dict) else ""
-
-
-def _describe(exc: BaseException) -> str:
-    """The cause of a failure for the log: urllib3 wraps the useful part."""
-    reason = getattr(exc, "reason", None)
-    if isinstance(exc, urllib3.exceptions.MaxRetryError) and reason is not None:
-        exc = reason
-    return f"{type(exc).__name__}: {exc}"
-
-
 class _Gone(Exception):
     """410: the resourceVersion is too old; list again."""
 
@@ -319,15 +278,15 @@ class Informer:
             if exc.status in (403, 404) and self.res.optional:
                 self._answered()
                 return True, self._not_served(exc.status)
-            reason, what = _classify(exc)
-            return need_list, self._failed(what, reason, retry_after=_retry_after(exc))
+            reason, what = classify(exc)
+            return need_list, self._failed(what, reason, retry_after=retry_after(exc))
         if isinstance(exc, _UNREACHABLE):
-            return need_list, self._failed(_describe(exc), "unreachable")
+            return need_list, self._failed(describe(exc), "unreachable")
         reason = "stream"
         if not isinstance(exc, _ANSWERED):  # a bug; keep the informer alive
             self.log.exception("%s: informer failed", self.res.name)
             reason = "internal"
-        return need_list, self._failed(_describe(exc), reason)
+        return need_list, self._failed(describe(exc), reason)
 
     def _failed(self, cause: str, reason: str, *, retry_after: float | None = None) -> float:
         stats = self.stats

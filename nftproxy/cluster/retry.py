@@ -141,7 +141,7 @@ class Retry:
         """The one line of a new outage (or of a new TLS or auth cause)."""
         self._logged_cause = cause
         how = (f"at most every {self.unreachable_max:.1f}s while there is no answer"
-               if unreachable else f"backing off up to {self._failures.cap:.0f}s")
+               if unreachable else f"backing off up to {self._failures.cap:g}s")
         if severe:
             self.log.error("%s: cannot list or watch from the API server: %s; retrying in "
                            "%.1fs (%s)", self.name, cause, delay, how)

@@ -1,0 +1,369 @@
+"""TLS to the API server as client-go does it, and TLS or auth failures made plain.
+
+Aspects:
+- the API client built by from_config (kubeconfig and in-cluster alike)
+  verifies against the configured CA with hostname checking, with
+  VERIFY_X509_STRICT cleared (Python 3.13's default, which rejects a CA
+  without keyUsage; Go accepts it) and VERIFY_X509_PARTIAL_CHAIN set (Go
+  trusts any certificate in its roots);
+- with the strict flag forced into every default context (Python 3.13's
+  behaviour, simulated on any version), the simulation does reject the CA
+  without keyUsage, and KubeSource still lists from a server whose CA has
+  no keyUsage, through a kubeconfig with a client certificate the server
+  requires, and through the in-cluster service account (token);
+- a wrong CA or a 401: ONE ERROR log line with the cause however many
+  retries, nftproxy_api_errors_total{reason="tls"|"unauthorized"}, and
+  /healthz 503 saying why once it lasted 2 x syncPeriod; all clear once
+  the server answers again.
+
+Certificates are made here with `cryptography`; all traffic is on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import logging
+import ssl
+import threading
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtensionOID, NameOID
+from fakeapi import FakeApiServer, ServerTls
+from k8s import node, service
+from kubernetes.config import incluster_config
+from test_kube_source import wait_until
+
+from nftproxy.agent.agent import Agent, Source
+from nftproxy.cluster import kube
+from nftproxy.cluster.events import ClusterEvents, Obj
+from nftproxy.cluster.kube import KubeSource, from_config
+from nftproxy.core.config import ProxyConfig
+from nftproxy.kernel.fake import FakeBackend
+
+# -- certificates -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path  # CA certificate, no keyUsage extension
+    server: ServerTls  # for 127.0.0.1, signed by `ca`
+    client_cert: Path  # signed by `ca`
+    client_key: Path
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str,
+          issuer_key: ec.EllipticCurvePrivateKey, *, ca: bool) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(_name(issuer))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        # a CA as many cluster set-ups make it: no keyUsage (but the key
+        # identifiers, so that keyUsage is the only thing strict mode minds)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+            critical=False)
+    )
+    if not ca:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey | None = None,
+           key_path: Path | None = None) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    if key is not None and key_path is not None:
+        key_path.write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+
+
+def make_pki(directory: Path, cn: str = "cluster-ca") -> Pki:
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _cert(cn, ca_key, cn, ca_key, ca=True)
+    assert not any(e.oid == ExtensionOID.KEY_USAGE for e in ca.extensions)
+    _write(directory / "ca.crt", ca)
+    for who in ("server", "client"):
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write(directory / f"{who}.crt", _cert(who, key, cn, ca_key, ca=False), key,
+               directory / f"{who}.key")
+    return Pki(
+        directory / "ca.crt",
+        ServerTls(str(directory / "server.crt"), str(directory / "server.key"),
+                  str(directory / "ca.crt")),
+        directory / "client.crt",
+        directory / "client.key",
+    )
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path)
+
+
+@pytest.fixture
+def strict_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every context urllib3 (and ssl) makes by default has VERIFY_X509_STRICT,
+    as on Python 3.13 with urllib3 >= 2.3."""
+    make = urllib3.util.ssl_.create_urllib3_context
+    default = ssl.create_default_context
+
+    def strict_urllib3(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        context = make(*args, **kwargs)
+        context.verify_flags |= ssl.VERIFY_X509_STRICT
+        return context
+
+    def strict_ssl(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        context = default(*args, **kwargs)
+        context.verify_flags |= ssl.VERIFY_X509_STRICT
+        return context
+
+    monkeypatch.setattr(urllib3.util.ssl_, "create_urllib3_context", strict_urllib3)
+    monkeypatch.setattr(urllib3.connection, "create_urllib3_context", strict_urllib3)
+    monkeypatch.setattr(kube, "create_urllib3_context", strict_urllib3)
+    monkeypatch.setattr(ssl, "create_default_context", strict_ssl)
+
+
+def kubeconfig(path: Path, url: str, ca: Path, *, cert: Path | None = None,
+               key: Path | None = None, token: str | None = None) -> str:
+    user: dict[str, str] = {}
+    if cert is not None and key is not None:
+        user = {"client-certificate": str(cert), "client-key": str(key)}
+    if token is not None:
+        user["token"] = token
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": url, "certificate-authority": str(ca)}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+    }
+    path.write_text(json.dumps(config))  # YAML is a superset of JSON
+    return str(path)
+
+
+# -- a handler -----------------------------------------------------------------------------
+
+
+class Services:
+    """A ClusterEvents handler that keeps only the Services' names."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.lock = threading.Lock()
+
+    def on_service(self, previous: Obj | None, current: Obj | None) -> None:
+        with self.lock:
+            if current is not None:
+                self.names.add(current["metadata"]["name"])
+
+    def on_endpoint_slice(self, previous: Obj | None, current: Obj | None) -> None:
+        pass
+
+    def on_node(self, node: Obj | None) -> None:
+        pass
+
+    def on_service_cidrs(self, cidrs: Sequence[Obj]) -> None:
+        pass
+
+    def on_synced(self, kind: str) -> None:
+        pass
+
+
+@pytest.fixture
+def tls_api(pki: Pki) -> Iterator[FakeApiServer]:
+    with FakeApiServer(tls=pki.server) as api:
+        api.create(service("web", "10.96.0.10"))
+        api.create(node("node-a", ["192.168.50.1"]))
+        yield api
+
+
+def _lists_web(client: Any) -> None:
+    handler = Services()
+    source = KubeSource(client, handler, node_name="", backoff_initial=0.05, backoff_max=0.2)
+    source.start()
+    try:
+        wait_until(lambda: "web" in handler.names, what="the Service listed over TLS")
+    finally:
+        source.stop()
+
+
+# -- the client's SSL context ---------------------------------------------------------------
+
+
+def _context(client: Any) -> ssl.SSLContext:
+    context = client.rest_client.pool_manager.connection_pool_kw["ssl_context"]
+    assert isinstance(context, ssl.SSLContext)
+    return context
+
+
+def test_the_client_verifies_like_client_go(
+    tls_api: FakeApiServer, pki: Pki, tmp_path: Path, strict_default: None
+) -> None:
+    client = from_config(kubeconfig(tmp_path / "kc", tls_api.url, pki.ca, token="t"))
+    context = _context(client)
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert context.check_hostname
+    assert not context.verify_flags & ssl.VERIFY_X509_STRICT
+    assert context.verify_flags & ssl.VERIFY_X509_PARTIAL_CHAIN
+    # the informers' copy of the client (without urllib3 retries) uses it too
+    source = KubeSource(client, Services(), node_name="")
+    assert not _context(source.api_client).verify_flags & ssl.VERIFY_X509_STRICT
+
+
+def test_the_strict_simulation_rejects_a_ca_without_key_usage(
+    tls_api: FakeApiServer, pki: Pki, strict_default: None
+) -> None:
+    """What Python 3.13 does by default, here on any version: the fix is needed."""
+    pool = urllib3.PoolManager(ca_certs=str(pki.ca), retries=False)
+    with pytest.raises(urllib3.exceptions.SSLError, match="key usage"):
+        pool.request("GET", f"{tls_api.url}/api")
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    with pytest.raises(urllib3.exceptions.SSLError, match="key usage"):
+        urllib3.PoolManager(ssl_context=context, retries=False).request(
+            "GET", f"{tls_api.url}/api")
+
+
+def test_lists_from_a_ca_without_key_usage_with_a_client_certificate(
+    pki: Pki, tmp_path: Path, strict_default: None
+) -> None:
+    tls = ServerTls(pki.server.cert_file, pki.server.key_file, pki.server.ca_file,
+                    client_ca_file=str(pki.ca))
+    with FakeApiServer(tls=tls) as api:
+        api.create(service("web", "10.96.0.10"))
+        path = kubeconfig(tmp_path / "kc", api.url, pki.ca, cert=pki.client_cert,
+                          key=pki.client_key)
+        _lists_web(from_config(path))
+
+
+def test_lists_from_a_ca_without_key_usage_in_cluster(
+    tls_api: FakeApiServer, pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    strict_default: None,
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("service-account-token")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(pki.ca))
+    host, port = tls_api.url.removeprefix("https://").rsplit(":", 1)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+    client = from_config()
+    assert not _context(client).verify_flags & ssl.VERIFY_X509_STRICT
+    _lists_web(client)
+    auth = [r for r in tls_api.requests if r.resource == "services"]
+    assert auth, "no request reached the server"
+
+
+# -- failures: one ERROR, a metric, /healthz ------------------------------------------------
+
+
+CONFIG = ProxyConfig(
+    node_name="node-a",
+    cluster_cidrs=("10.244.0.0/16",),
+    min_sync_period=0.05,
+    sync_period=0.5,  # /healthz turns unhealthy after 2 x 0.5 s of failure
+    healthz_bind_address="127.0.0.1:0",
+    metrics_bind_address="",
+)
+
+
+def _agent(client: Any) -> Agent:
+    def source_factory(handler: ClusterEvents) -> Source:
+        return KubeSource(client, handler, node_name="node-a",
+                          backoff_initial=0.05, backoff_max=0.2)
+
+    return Agent(CONFIG, backend=FakeBackend(), source_factory=source_factory)
+
+
+def _healthz(agent: Agent) -> tuple[int, dict[str, Any]]:
+    assert agent.healthz is not None
+    host, port = agent.healthz.address
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _errors(agent: Agent, reason: str) -> float:
+    value = agent.metrics.registry.get_sample_value(
+        "nftproxy_api_errors_total", {"resource": "services", "reason": reason})
+    return value or 0.0
+
+
+def _services_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if r.levelno >= logging.ERROR and r.getMessage().startswith("services:")]
+
+
+def _check_failure(agent: Agent, caplog: pytest.LogCaptureFixture, reason: str,
+                   cause: str) -> None:
+    """Many failed attempts later: one ERROR naming `cause`, the metric,
+    /healthz 503 with the cause."""
+    agent.start()
+    wait_until(lambda: _errors(agent, reason) >= 5, what=f"5 {reason} errors")
+    wait_until(lambda: "problem" in _healthz(agent)[1], what="/healthz saying why")
+    code, body = _healthz(agent)
+    assert (code, body["healthy"]) == (503, False)
+    assert cause in body["problem"] and "services" in body["problem"]
+    errors = _services_errors(caplog)
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert cause in errors[0].getMessage()
+    assert not [r for r in caplog.records
+                if r.levelno == logging.WARNING and r.getMessage().startswith("services:")]
+
+
+def test_a_wrong_ca_is_one_error_a_metric_and_unhealthy(
+    tls_api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    wrong = make_pki(other, cn="another-ca")
+    client = from_config(kubeconfig(tmp_path / "kc", tls_api.url, wrong.ca, token="t"))
+    agent = _agent(client)
+    caplog.set_level(logging.DEBUG)
+    try:
+        _check_failure(agent, caplog, "tls", "CERTIFICATE_VERIFY_FAILED")
+    finally:
+        agent.stop()
+
+
+def test_a_401_is_one_error_a_metric_and_unhealthy_until_it_answers(
+    tls_api: FakeApiServer, pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tls_api.fail_requests(10_000, resource="services", status=401)
+    client = from_config(kubeconfig(tmp_path / "kc", tls_api.url, pki.ca, token="expired"))
+    agent = _agent(client)
+    caplog.set_level(logging.DEBUG)
+    try:
+        _check_failure(agent, caplog, "unauthorized", "HTTP 401")
+        assert _errors(agent, "tls") == 0
+        tls_api.clear_failures()  # the credentials are accepted again
+        wait_until(lambda: _healthz(agent)[0] == 200, what="/healthz 200 again")
+        assert "problem" not in _healthz(agent)[1]
+    finally:
+        agent.stop()
