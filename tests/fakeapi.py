@@ -274,6 +274,17 @@ class FakeApiServer:
         assert self._port, "start() first"
         return f"{scheme}://127.0.0.1:{self._port}"
 
+    def write_kubeconfig(self, path: Any) -> str:
+        """A kubeconfig at `path` pointing at this (plain HTTP) server, no
+        credentials; returns the path as text."""
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        }))
+        return str(path)
+
     def api_client(self) -> Any:
         """A real kubernetes ApiClient pointed at this server (no proxy)."""
         config = k8s_client.Configuration(host=self.url, no_proxy="127.0.0.1")

@@ -288,14 +288,8 @@ def test_run_posts_an_event_about_the_object_with_an_invalid_field(tmp_path: Pat
     server = FakeApiServer()
     server.start()
     try:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-            "users": [{"name": "fake", "user": {}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        }))
-        report = cli._kube_source(str(kubeconfig), "node-a")[1].on_invalid_field
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        report = cli._kube_source(kubeconfig, "node-a")[1].on_invalid_field
         assert report is not None
         problem = Problem("EndpointSlice", "ns/web-1", "endpoints[1].addresses[0]",
                           "invalid IP address '10.0.1.999'")

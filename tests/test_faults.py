@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import subprocess
 import threading
@@ -375,14 +374,8 @@ def test_c_the_cli_posts_a_node_event_for_a_refused_sync(tmp_path: Path) -> None
     server = FakeApiServer()
     server.start()
     try:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-            "users": [{"name": "fake", "user": {}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        }))
-        on_sync_failure = cli._kube_source(str(kubeconfig), NODE)[1].on_sync_failure
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        on_sync_failure = cli._kube_source(kubeconfig, NODE)[1].on_sync_failure
         assert on_sync_failure is not None
         busy = NftBusy("internal:0:0-0: Error: Could not process rule: Device or resource busy\n")
         on_sync_failure(busy)
