@@ -2,8 +2,11 @@
 
 Layer: bench tooling (not part of the nftproxy package). One job: what every
 script needs -- a synthetic cluster as Kubernetes API JSON, a Proxier fed the
-way the agent feeds it, result lines, percentiles, memory readings and the
-machine description that goes next to every number.
+way the agent feeds it, result lines, percentiles, memory readings (this
+process; a whole process tree: proctree.py) and the machine description
+that goes next to every number (benchmachine.py; both re-exported here),
+with the nftables userspace (Debian release, libnftables version) named on
+every result line.
 
 Output convention: every script prints its results on stdout as JSON lines
 (one object per line, always with "bench" and "case"); progress and a human
@@ -12,18 +15,16 @@ table go to stderr. tests/test_bench_quick.py parses exactly these lines.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ipaddress
 import json
 import os
-import platform
-import re
 import resource
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,16 @@ for _p in (ROOT, ROOT / "tests"):  # nftproxy itself, and the k8s JSON builders
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from benchmachine import machine_info, userspace  # noqa: E402
 from k8s import endpoint_slice, node, service  # noqa: E402  (tests/k8s.py)
+from proctree import TreeMemory, TreeSampler, tree_cpu_s, tree_rss_mb  # noqa: E402
 
 __all__ = [
     "NODE",
     "NODE_IP",
     "ClusterShape",
+    "TreeMemory",
+    "TreeSampler",
     "emit",
     "feed",
     "fmt_table",
@@ -46,11 +51,15 @@ __all__ = [
     "make_cluster",
     "make_proxier",
     "malloc_trim",
+    "parse_shape",
     "peak_rss_mb",
     "percentile",
     "progress",
     "rss_mb",
     "summary",
+    "tree_cpu_s",
+    "tree_rss_mb",
+    "userspace",
 ]
 
 NODE = "node-a"
@@ -67,8 +76,9 @@ SOURCE_RANGES = ("203.0.113.0/24", "198.51.100.0/24")
 
 
 def emit(bench: str, case: str, **fields: Any) -> dict[str, Any]:
-    """Print one result line (JSON) on stdout and return it."""
-    row = {"bench": bench, "case": case, **fields}
+    """Print one result line (JSON) on stdout and return it; every line
+    names the userspace it was measured with."""
+    row = {"bench": bench, "case": case, "userspace": userspace(), **fields}
     print(json.dumps(row, sort_keys=False), flush=True)
     return row
 
@@ -140,70 +150,10 @@ def malloc_trim() -> None:
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-# --- the machine ----------------------------------------------------------------
-
-
-def _first(pattern: str, text: str) -> str:
-    m = re.search(pattern, text, re.MULTILINE)
-    return m.group(1).strip() if m else "?"
-
-
-def _git() -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "nftproxy"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "?"
-    return rev + ("+dirty(nftproxy/)" if dirty else "")
-
-
-def machine_info() -> dict[str, Any]:
-    cpuinfo = Path("/proc/cpuinfo").read_text()
-    meminfo = Path("/proc/meminfo").read_text()
-    try:
-        nft = subprocess.run(["nft", "--version"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        nft = "?"
-    try:
-        dpkg = subprocess.run(
-            ["dpkg-query", "-W", "-f", "${Version}", "libnftables1"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        dpkg = "?"
-    try:
-        ipt = subprocess.run(["iptables", "--version"], capture_output=True, text=True)
-        iptables = ipt.stdout.strip()
-    except OSError:
-        iptables = "?"
-    return {
-        "kernel": platform.release(),
-        "cpu": _first(r"^model name\s*:\s*(.*)$", cpuinfo),
-        "cores": os.cpu_count(),
-        "mem_gb": round(int(_first(r"^MemTotal:\s*(\d+)", meminfo)) / 1024 / 1024, 1),
-        "nft": nft,
-        "libnftables1": dpkg,
-        "iptables": iptables,
-        "python": platform.python_version(),
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-        "loadavg_at_start": Path("/proc/loadavg").read_text().split()[0],
-        "git": _git(),
-    }
-
-
 # --- a synthetic cluster ------------------------------------------------------------
 
 # The service mix, by i % 20 (what each of 20 consecutive services is).
-_MIX = (
+_MIX: tuple[tuple[str, dict[str, Any]], ...] = (
     *(("ClusterIP", {}),) * 12,
     ("ClusterIP", {"affinity_timeout": 10800}),
     ("ClusterIP", {"itp": "Local"}),
@@ -217,7 +167,8 @@ _MIX = (
 MIX_DESCRIPTION = (
     "per 20 services: 12 ClusterIP, 1 ClusterIP+ClientIP affinity, 1 ClusterIP iTP=Local, "
     "2 NodePort, 1 NodePort eTP=Local, 1 LoadBalancer+sourceRanges, "
-    "1 LoadBalancer+sourceRanges+eTP=Local, 1 LoadBalancer; every 10th endpoint on this node"
+    "1 LoadBalancer+sourceRanges+eTP=Local, 1 LoadBalancer; every 10th endpoint (counted "
+    "over the whole cluster) on this node"
 )
 SLICE_PORTS = (("http", 8080, "TCP"),)
 SERVICE_PORTS = (("http", 80, "TCP"),)
@@ -238,8 +189,20 @@ class ClusterShape:
         return f"{self.services}x{self.endpoints}{suffix}"
 
 
+def parse_shape(size: str, endpoints: int = 10) -> ClusterShape:
+    """"SxE" (or "S", with `endpoints` each) -> ClusterShape(S, E)."""
+    services, _, per = size.partition("x")
+    return ClusterShape(int(services), int(per or endpoints))
+
+
 def service_ip(i: int) -> str:
     return str(SERVICE_BASE + i)
+
+
+def changed_endpoint(shape: ClusterShape) -> int:
+    """Which endpoint of a service the partial-sync and churn benches
+    replace: the second (a remote one), or the only one."""
+    return min(1, shape.endpoints - 1)
 
 
 def endpoint_ip(i: int, j: int, per_service: int, generation: int = 0) -> str:
@@ -270,12 +233,14 @@ def slice_obj(
     generations: Mapping[int, int] | None = None,
     trigger: str | None = None,
 ) -> dict[str, Any]:
-    """The EndpointSlice of service i; `generations[j]` replaces endpoint j."""
+    """The EndpointSlice of service i; `generations[j]` replaces endpoint j.
+    Every 10th endpoint of the cluster is on this node (endpoint 0 of each
+    service when a service has a multiple of 10)."""
     gens = generations or {}
     eps = [
         {
             "ip": endpoint_ip(i, j, shape.endpoints, gens.get(j, 0)),
-            "nodeName": NODE if j % 10 == 0 else f"node-{j % 7 + 1}",
+            "nodeName": NODE if (i * shape.endpoints + j) % 10 == 0 else f"node-{j % 7 + 1}",
             "ready": True,
         }
         for j in range(shape.endpoints)
@@ -369,7 +334,7 @@ def feed(
 # --- namespaces --------------------------------------------------------------------------
 
 
-def bench_netns(tag: str) -> Iterator[str]:
+def bench_netns(tag: str) -> contextlib.AbstractContextManager[str]:
     """A throwaway namespace `nftpx-b<tag>-<pid>-<hex>` (always deleted)."""
     from nftproxy.kernel import netns
 
@@ -445,7 +410,7 @@ def chain_count(proxier: Any) -> dict[str, int]:
     t = proxier.table_state(IPFamily.IPV4)
     return {
         "chains": len(t.chains),
-        "rules": sum(len(c.rules) for c in t.chains.values()),
+        "rules": sum(c.size for c in t.chains.values()),
         "sets": len(t.sets),
         "elements": len(t.index.claims),
     }

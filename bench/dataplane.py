@@ -17,7 +17,6 @@ built first and kept for the whole run, so variants can be INTERLEAVED
 - `nft-N`       nftproxy (the real Proxier) with N ClusterIP services
                 programmed; the target service is added last and has the
                 highest VIP (its map lookup is O(1) whatever the order);
-- `nftinl-N`    the same with the inline-DNAT lever (bench/levers.py);
 - `iptnft-N`    kube-proxy's iptables-mode ruleset for the same services
                 (bench/iptables_ruleset.py, KUBE-SERVICES a linear list, the
                 target LAST), loaded with iptables-nft-restore (this host's
@@ -207,17 +206,15 @@ def _nft_services(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return svcs, slices
 
 
-def _load_nft(node_ns: str, n: int, inline: bool) -> str:
-    import levers
-
+def _load_nft(node_ns: str, n: int) -> str:
     from nftproxy.kernel.libnftables import NftBackend
 
     config = bl.bench_config(cluster_cidrs=(CLUSTER_CIDR,))
     svcs, slices = _nft_services(n)
-    with NftBackend(netns=node_ns) as backend, levers.lever("inline" if inline else "baseline"):
-        facade = levers.build("inline" if inline else "baseline", backend, config=config)
-        bl.feed(facade, svcs, slices)
-        facade.sync()
+    with NftBackend(netns=node_ns) as backend:
+        proxier = bl.make_proxier(backend, config)
+        bl.feed(proxier, svcs, slices)
+        proxier.sync()
         listing = backend.run_json({"list": {"chains": {"family": "ip"}}})
         chains = sum(1 for item in listing["nftables"] if "chain" in item)
     return f"nftables, {chains} chains"
@@ -307,8 +304,8 @@ def sandbox(variant: str, stack: contextlib.ExitStack) -> Iterator[Sandbox]:
             desc = _load_nft_text(topo.node, NAT_MIN)
         elif kind == "loopback":
             target = ("127.0.0.1", PORT)
-        elif kind in ("nft", "nftinl"):
-            desc = _load_nft(topo.node, int(size), inline=kind == "nftinl")
+        elif kind == "nft":
+            desc = _load_nft(topo.node, int(size))
         elif kind == "iptnft":
             desc = _load_iptables(topo.node, int(size), "iptables-nft-restore")
         elif kind == "iptleg":
@@ -365,7 +362,7 @@ def main() -> int:
     rounds = args.rounds or (1 if args.quick else 5)
     seconds = args.seconds or (0.5 if args.quick else 3.0)
     default = (
-        f"loopback,direct,direct-ct,natmin,nft-1,nft-{n},nftinl-{n},"
+        f"loopback,direct,direct-ct,natmin,nft-1,nft-{n},"
         f"iptnft-1,iptnft-{n},iptleg-1,iptleg-{n}"
     )
     if args.quick:
@@ -448,7 +445,6 @@ def _ratios(rows: dict[tuple[str, str], dict[str, Any]], variants: list[str]) ->
         pairs += [
             (v, "nft-1"),
             (v, "direct"),
-            (f"nftinl-{n}", "direct"),
             (f"iptnft-{n}", "iptnft-1"),
             (f"iptleg-{n}", "iptleg-1"),
             (f"iptnft-{n}", v),

@@ -1,7 +1,7 @@
 """Partial sync against a large table: add / change endpoint / delete / no-op.
 
 Spec item 2. For each variant (bench/levers.py: the product as is, and the
-structural levers prototyped on the real translator's output) and each table
+structural levers around the real Proxier, e.g. shard tables) and each table
 size, a throwaway namespace gets the full table (the service mix of
 benchlib), then R repetitions of one cycle, each step one Proxier.sync():
 
@@ -27,16 +27,20 @@ probe_rule - probe_flush and probe_elem - probe_flush are the cache taxes
 that the 1.0.6 "block" forms or libnftables >= 1.1.1 would remove; what a
 real step costs beyond probe_elem is mostly the kernel's table validation.
 
-Reference: upstream kube-proxy (nftables mode) needs 141 ms to add one
-service to a 10,000-service table.
+Sizes: a list of S (services, each with --endpoints endpoints) or SxE, e.g.
+`--sizes 1000x10,10000x10,45000x1` (45000x1: the shape of kubernetes#139513).
 
-    python bench/partial_sync.py [--quick] [--sizes 1000,10000] [--endpoints 10]
-        [--reps 50] [--variants baseline,inline,shard16,inline+shard16]
+Reference: upstream kube-proxy (nftables mode) needs 141 ms to add one
+service to a 10,000-service table (kubernetes#126013).
+
+    python bench/partial_sync.py [--quick] [--sizes 1000,10000|SxE,...] [--endpoints 10]
+        [--reps 50] [--variants baseline,shard16]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 import time
@@ -91,10 +95,11 @@ class Cycle:
         self.facade.on_endpoint_slice(None, eps)
         out["add"] = self._sync()
         i = self.rng.randrange(self.shape.services)
+        j = bl.changed_endpoint(self.shape)
         g = self.generation.get(i, 0)
-        old = bl.slice_obj(i, self.shape, generations={1: g} if g else None)
+        old = bl.slice_obj(i, self.shape, generations={j: g} if g else None)
         self.generation[i] = g + 1
-        new = bl.slice_obj(i, self.shape, generations={1: g + 1})
+        new = bl.slice_obj(i, self.shape, generations={j: g + 1})
         self.facade.on_endpoint_slice(old, new)
         out["change"] = self._sync()
         self.facade.on_service(svc, None)
@@ -114,7 +119,7 @@ def run_variant(
 
     rows = []
     services, slices = bl.make_cluster(shape)
-    with bl.bench_netns("part") as ns, NftBackend(netns=ns) as backend, levers.lever(variant):
+    with bl.bench_netns("part") as ns, NftBackend(netns=ns) as backend:
         facade = levers.build(variant, backend)
         bl.feed(facade, services, slices)
         del services, slices
@@ -189,15 +194,13 @@ def main() -> int:
     endpoints = args.endpoints or (3 if args.quick else 10)
     reps = args.reps or (5 if args.quick else 50)
     warmup = 1 if args.quick else args.warmup
-    variants = args.variants or (
-        "baseline,inline+shard4" if args.quick else "baseline,inline,shard16,inline+shard16"
-    )
+    variants = args.variants or ("baseline,shard4" if args.quick else "baseline,shard16")
     bl.emit(BENCH, "machine", **bl.machine_info(), mix=bl.MIX_DESCRIPTION)
     rows = []
     for variant in variants.split(","):
-        for n in sizes.split(","):
-            shape = bl.ClusterShape(
-                int(n), endpoints, mix=not args.plain, affinity=not args.no_affinity
+        for size in sizes.split(","):
+            shape = dataclasses.replace(
+                bl.parse_shape(size, endpoints), mix=not args.plain, affinity=not args.no_affinity
             )
             bl.progress(f"partial sync {variant} {shape.label}: {reps} reps")
             rows += run_variant(variant, shape, reps, warmup, quiet=not args.quick)

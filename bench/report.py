@@ -1,5 +1,12 @@
 """Markdown tables from the JSON lines of bench/results/ (for RESULTS.md).
 
+Each section reads `<name>.jsonl` (host userspace) and `<name>.<userspace>.jsonl`
+(e.g. `.trixie`, written by run_all.sh --userspaces host,trixie) and names
+the userspace on every row. The first section, "Issue 12 targets", is one
+line per size and userspace: cold start from the API server, whole-tree
+peak and steady RSS, partial add/change/delete p50/p99 -- the numbers
+RESULTS.md sets beside upstream kube-proxy's.
+
 python bench/report.py [bench/results]
 """
 
@@ -12,10 +19,37 @@ from pathlib import Path
 from typing import Any
 
 
-def load(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def load(root: Path, name: str) -> list[dict[str, Any]]:
+    """The rows of `name` from every userspace, host first."""
+    rows = []
+    for path in [root / f"{name}.jsonl", *sorted(root.glob(f"{name}.*.jsonl"))]:
+        if path.exists():
+            lines = path.read_text().splitlines()
+            file_rows = [_named(json.loads(line)) for line in lines if line.strip()]
+            _userspaces(file_rows)
+            rows += file_rows
+    return rows
+
+
+def _named(row: dict[str, Any]) -> dict[str, Any]:
+    """Rows from before every line named its userspace: the machine line's
+    libnftables version stands in."""
+    if "userspace" not in row and "libnftables1" in row:
+        row["userspace"] = f"libnftables {row['libnftables1'].split('-')[0]}"
+    return row
+
+
+def _userspaces(rows: list[dict[str, Any]]) -> None:
+    """Give every row of a file its machine line's userspace if it has none."""
+    current = ""
+    for row in rows:
+        if row["case"] == "machine":
+            current = row.get("userspace", "")
+        row.setdefault("userspace", current)
+
+
+def measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["case"] != "machine"]
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -31,16 +65,56 @@ def _cell(v: Any) -> str:
 
 
 def machine(rows: list[dict[str, Any]]) -> str:
-    m = next((r for r in rows if r["case"] == "machine"), None)
-    if m is None:
-        return ""
     keys = ("kernel", "cpu", "cores", "mem_gb", "nft", "libnftables1", "iptables", "python", "git")
-    return ", ".join(f"{k} {m.get(k)}" for k in keys)
+    return "\n\n".join(
+        f"{m.get('userspace', '')}: " + ", ".join(f"{k} {m.get(k)}" for k in keys)
+        for m in rows
+        if m["case"] == "machine"
+    )
 
 
 def cold(rows: list[dict[str, Any]]) -> str:
+    """Cold starts; rows from before the whole-tree sampler in the old layout."""
+    if not any("source" in r for r in measured(rows)):
+        return cold_legacy(rows)
     header = [
         "case",
+        "userspace",
+        "start→commit s",
+        "sync s (render / commit)",
+        "ops",
+        "chains",
+        "peak RSS MB, whole tree (agent / children)",
+        "Σ per-process peaks MB",
+        "steady RSS MB (after s)",
+        "processes",
+        "CPU s to commit",
+        "foreign CPU",
+    ]
+    body = [
+        [
+            r["case"],
+            r["userspace"],
+            r["start_to_commit_s"],
+            f"{r['sync_s']:.2f} ({r['render_s']:.2f} / {r['commit_s']:.2f})",
+            r["ops"],
+            r["chains"],
+            f"{r['peak_tree_mb']:.0f} ({r['peak_agent_mb']:.0f} / {r['peak_children_mb']:.0f})",
+            r.get("peak_hwm_sum_mb"),
+            f"{r['steady_tree_mb']:.0f} ({r['steady_after_s']:.0f})",
+            r["max_processes"],
+            r.get("cpu_to_commit_s"),
+            r.get("foreign_cpu"),
+        ]
+        for r in measured(rows)
+    ]
+    return table(header, body)
+
+
+def cold_legacy(rows: list[dict[str, Any]]) -> str:
+    header = [
+        "case",
+        "userspace",
         "start→commit s",
         "feed s",
         "render s",
@@ -57,6 +131,7 @@ def cold(rows: list[dict[str, Any]]) -> str:
     body = [
         [
             r["case"],
+            r["userspace"],
             r["start_to_commit_s"],
             r["feed_s"],
             r["render_s"],
@@ -79,6 +154,7 @@ def cold(rows: list[dict[str, Any]]) -> str:
 def partial(rows: list[dict[str, Any]]) -> str:
     header = [
         "variant",
+        "userspace",
         "size",
         "step",
         "sync p50 ms",
@@ -92,6 +168,7 @@ def partial(rows: list[dict[str, Any]]) -> str:
     body = [
         [
             r["variant"],
+            r["userspace"],
             f"{r['services']}x{r['endpoints_per_service']}"
             + ("" if r.get("affinity", True) else " no-aff"),
             r["step"],
@@ -112,6 +189,7 @@ def partial(rows: list[dict[str, Any]]) -> str:
 def churn(rows: list[dict[str, Any]]) -> str:
     header = [
         "case",
+        "userspace",
         "changes",
         "latency p50 ms",
         "p99 ms",
@@ -127,6 +205,7 @@ def churn(rows: list[dict[str, Any]]) -> str:
     body = [
         [
             r["case"],
+            r["userspace"],
             f"{r['changes_programmed']}/{r['changes_handed']}",
             r["latency_ms"]["p50"],
             r["latency_ms"]["p99"],
@@ -149,6 +228,7 @@ def dataplane(rows: list[dict[str, Any]]) -> str:
     measured = [r for r in rows if r["case"] != "machine" and not r["case"].startswith("ratio/")]
     header = [
         "variant",
+        "userspace",
         "ruleset",
         "conn/s (1 proc)",
         "p50 µs",
@@ -157,15 +237,16 @@ def dataplane(rows: list[dict[str, Any]]) -> str:
         "conn/s (2 procs)",
         "errors",
     ]
-    by = {(r["variant"], r["mode"]): r for r in measured}
+    by = {(r["userspace"], r["variant"], r["mode"]): r for r in measured}
     body = []
-    for v in dict.fromkeys(r["variant"] for r in measured):
-        lat, rate = by.get((v, "latency")), by.get((v, "rate"))
+    for us, v in dict.fromkeys((r["userspace"], r["variant"]) for r in measured):
+        lat, rate = by.get((us, v, "latency")), by.get((us, v, "rate"))
         if lat is None or rate is None:
             continue
         body.append(
             [
                 v,
+                lat["userspace"],
                 lat["ruleset"][:60],
                 lat["conn_per_s"],
                 lat["latency_us"]["p50"],
@@ -177,10 +258,11 @@ def dataplane(rows: list[dict[str, Any]]) -> str:
         )
     ratios = [r for r in rows if r["case"].startswith("ratio/")]
     rt = table(
-        ["ratio", "latency p50", "latency p99", "conn/s (2 procs)"],
+        ["ratio", "userspace", "latency p50", "latency p99", "conn/s (2 procs)"],
         [
             [
                 f"{r['numerator']} / {r['denominator']}",
+                r["userspace"],
                 r.get("latency_p50_ratio"),
                 r.get("latency_p99_ratio"),
                 r.get("rate_ratio"),
@@ -203,31 +285,97 @@ def levers(rows: list[dict[str, Any]]) -> str:
         "errors",
     )
     return table(
-        ["variant", *keys],
-        [[r["variant"], *(r.get(k) for k in keys)] for r in rows if r["case"] != "machine"],
+        ["variant", "userspace", *keys],
+        [[r["variant"], r["userspace"], *(r.get(k) for k in keys)] for r in measured(rows)],
     )
+
+
+TARGET_SIZES = ((1000, 10), (10000, 10), (5000, 50), (45000, 1))
+
+
+def targets(root: Path) -> str:
+    """One line per size and userspace: the product's numbers that issue 12
+    sets targets for (cold_sync api/agent-file, partial_sync[_45k] baseline)."""
+    colds = measured(load(root, "cold_sync"))
+    partials = [
+        r
+        for name in ("partial_sync", "partial_sync_45k")
+        for r in measured(load(root, name))
+        if r.get("variant") == "baseline"
+    ]
+    body = []
+    for us in dict.fromkeys(r["userspace"] for r in colds + partials):
+        for services, endpoints in TARGET_SIZES:
+            key = (us, services, endpoints)
+            cold_by = {r.get("source"): r for r in colds if _where(r) == key}
+            steps = {r["step"]: r for r in partials if _where(r) == key}
+            if cold_by or steps:
+                body.append([f"{services}x{endpoints}", us, *_target_cells(cold_by, steps)])
+    header = [
+        "size",
+        "userspace",
+        "cold start→committed, API s",
+        "…from a file s",
+        "peak RSS MB, whole tree",
+        "steady RSS MB",
+        "partial add p50 / p99 ms",
+        "change endpoint",
+        "delete service",
+    ]
+    return table(header, body)
+
+
+def _where(r: dict[str, Any]) -> tuple[str, int, int]:
+    return r["userspace"], r["services"], r["endpoints_per_service"]
+
+
+def _target_cells(
+    cold_by: dict[Any, dict[str, Any]], steps: dict[str, dict[str, Any]]
+) -> list[Any]:
+    api, from_file = cold_by.get("api"), cold_by.get("agent-file")
+
+    def pct(step: str) -> str | None:
+        r = steps.get(step)
+        return None if r is None else f"{r['sync_ms']['p50']:.1f} / {r['sync_ms']['p99']:.1f}"
+
+    return [
+        api and api["start_to_commit_s"],
+        from_file and from_file["start_to_commit_s"],
+        api and api["peak_tree_mb"],
+        api and f"{api['steady_tree_mb']:.0f} (after {api['steady_after_s']:.0f} s)",
+        pct("add"),
+        pct("change"),
+        pct("delete"),
+    ]
+
+
+SECTIONS = (
+    ("Cold start → committed: the agent from the API server and from a file, "
+     "and the file harness; whole-tree memory", "cold_sync", cold),
+    ("Partial sync", "partial_sync", partial),
+    ("Partial sync, 45,000 x 1", "partial_sync_45k", partial),
+    ("Churn", "churn", churn),
+    ("Dataplane", "dataplane", dataplane),
+    ("Cold full sync, lever prototypes", "cold_sync_levers", cold),
+    ("Cold full sync, long-lived context", "cold_sync_nofresh", cold),
+    ("Cold full sync, full sync committed shard by shard", "cold_sync_split", cold),
+    ("Partial sync, lever prototypes", "partial_sync_levers", partial),
+    ("Partial sync, re-run on a quiet machine", "partial_sync_rerun", partial),
+    ("Partial sync, lever ladder", "partial_sync_ladder", partial),
+    ("Partial sync, mix without affinity", "partial_sync_noaff", partial),
+    ("Churn, lever prototypes", "churn_levers", churn),
+    ("Churn, gc.freeze() after full syncs", "churn_gcfreeze", churn),
+    ("Lever prototypes, checked by traffic", "levers", levers),
+)  # fmt: skip
 
 
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "results")
-    sections = [
-        ("Cold full sync", "cold_sync", cold),
-        ("Cold full sync, long-lived context", "cold_sync_nofresh", cold),
-        ("Cold full sync, full sync committed shard by shard", "cold_sync_split", cold),
-        ("Partial sync", "partial_sync", partial),
-        ("Partial sync, re-run on a quiet machine", "partial_sync_rerun", partial),
-        ("Partial sync, lever ladder", "partial_sync_ladder", partial),
-        ("Partial sync, mix without affinity", "partial_sync_noaff", partial),
-        ("Churn", "churn", churn),
-        ("Churn, gc.freeze() after full syncs", "churn_gcfreeze", churn),
-        ("Dataplane", "dataplane", dataplane),
-        ("Lever prototypes, checked by traffic", "levers", levers),
-    ]
-    for title, name, fn in sections:
-        rows = load(root / f"{name}.jsonl")
-        if not rows:
-            continue
-        print(f"### {title}\n\n{machine(rows)}\n\n{fn(rows)}\n")
+    print(f"### Issue 12 targets\n\n{targets(root)}\n")
+    for title, name, fn in SECTIONS:
+        rows = load(root, name)
+        if rows:
+            print(f"### {title}\n\n{machine(rows)}\n\n{fn(rows)}\n")
     return 0
 
 

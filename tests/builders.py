@@ -8,11 +8,15 @@ NewFakeProxier", so cases read like theirs:
 - cluster IPs: 172.30.0.0/16 / fd00:172:30::/112
 - endpoints: 10.180.0.0/16 / fd00:10:180::/64 (is_local marks the ones on node-a)
 - external IPs 192.168.99.0/24, load-balancer ingress 1.2.3.0/24 and 5.6.7.8
+
+Rules are read through `text()`, a small nft-syntax printer that knows only
+the statement shapes the renderers emit and fails loudly on anything else,
+so assertions say what a rule does rather than how its JSON is spelled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nftproxy.core.config import ProxyConfig
@@ -25,7 +29,7 @@ from nftproxy.core.model import (
     ServicePortName,
 )
 from nftproxy.core.rules.detect import local_detector
-from nftproxy.core.rules.fragment import Chain, Fragment, Key, Verdict
+from nftproxy.core.rules.fragment import Chain, Fragment, Key, Rule, Verdict
 from nftproxy.core.rules.service import RenderContext, RenderedPort, render_service_port
 
 __all__ = [
@@ -36,8 +40,10 @@ __all__ = [
     "elements_of",
     "endpoint",
     "render",
+    "rules_of",
     "service_port",
     "spn",
+    "text",
 ]
 
 NODE = NodeInfo(
@@ -122,3 +128,74 @@ def chain_of(fragment: Fragment, name: str) -> Chain:
 
 def elements_of(fragment: Fragment, set_name: str) -> dict[Key, Verdict | None]:
     return {e.key: e.verdict for e in fragment.elements if e.set_name == set_name}
+
+
+# --- reading rules ------------------------------------------------------------
+
+_MARK_OPS = ("&", "|", "^")
+"""Binary operations on the packet mark; their constant prints in hex, as nft."""
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, dict):
+        if "payload" in v:
+            return f"{v['payload']['protocol']} {v['payload']['field']}"
+        if "meta" in v:
+            key = v["meta"]["key"]
+            return key if key == "iifname" else f"meta {key}"
+        if "ct" in v:
+            return f"ct {v['ct']['key']}"
+        if "fib" in v:
+            return f"fib {' . '.join(v['fib']['flags'])} {v['fib']['result']}"
+        if "numgen" in v:
+            return f"numgen {v['numgen']['mode']} mod {v['numgen']['mod']}"
+        if "prefix" in v:
+            return f"{v['prefix']['addr']}/{v['prefix']['len']}"
+        if "set" in v:
+            return "{ " + ", ".join(_value(x) for x in v["set"]) + " }"
+        if "concat" in v:
+            return " . ".join(_value(x) for x in v["concat"])
+        for op in _MARK_OPS:
+            if op in v:
+                left, right = v[op]
+                return f"{_value(left)} {op} {right:#x}"
+    if isinstance(v, list) and v:
+        return ", ".join(_value(x) for x in v)
+    if isinstance(v, str | int) and not isinstance(v, bool):
+        return str(v)
+    raise AssertionError(f"text() does not know the expression {v!r}")
+
+
+def _statement(s: Mapping[str, Any]) -> str:
+    ((kind, body),) = s.items()
+    if kind == "match":
+        # nft's implicit operator: == for values and sets, `in` for flags (ct state/status)
+        op = "" if body["op"] in ("==", "in") else body["op"] + " "
+        return f"{_value(body['left'])} {op}{_value(body['right'])}"
+    if kind in ("jump", "goto"):
+        return f"{kind} {body['target']}"
+    if kind in ("drop", "accept", "return"):
+        return kind
+    if kind == "dnat":
+        addr = body["addr"]
+        return f"dnat to {f'[{addr}]' if ':' in addr else addr}:{body['port']}"
+    if kind == "set":
+        return f"{body['op']} {body['set']} {{ {_value(body['elem'])} }}"
+    if kind == "mangle":
+        return f"{_value(body['key'])} set {_value(body['value'])}"
+    if kind == "vmap":
+        return f"{_value(body['key'])} vmap {body['data']}"
+    if kind == "masquerade":
+        return " ".join(("masquerade", *body.get("flags", ())))
+    if kind == "reject":
+        return " ".join(("reject with", body["type"], *([body["expr"]] if "expr" in body else [])))
+    raise AssertionError(f"text() does not know the statement {s!r}")
+
+
+def text(rule: Rule) -> str:
+    """A rule in nft syntax, e.g. `ip saddr != 10.0.0.0/8 jump KUBE-MARK-MASQ`."""
+    return " ".join(_statement(s) for s in rule.expr)
+
+
+def rules_of(fragment: Fragment, chain: str) -> list[str]:
+    return [text(r) for r in chain_of(fragment, chain).rules]

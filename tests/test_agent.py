@@ -26,7 +26,7 @@ from k8s import endpoint_slice, node, service
 
 from nftproxy.agent.agent import Agent
 from nftproxy.agent.intake import InvalidField
-from nftproxy.cluster.events import ClusterEvents
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents
 from nftproxy.cluster.file import FileSource, WatchedFiles
 from nftproxy.core.config import ConntrackConfig, ProxyConfig
 from nftproxy.core.nft.errors import NftRejected
@@ -98,7 +98,12 @@ def cluster(tmp_path: Path) -> tuple[Path, int, list[dict[str, Any]]]:
 
 
 def make_agent(
-    path: Path, backend: FakeBackend, *, metrics_address: str = "127.0.0.1:0", **kwargs: Any
+    path: Path,
+    backend: FakeBackend,
+    *,
+    metrics_address: str = "127.0.0.1:0",
+    min_sync_period: float = 0.0,
+    **kwargs: Any,
 ) -> Agent:
     config = ProxyConfig(
         node_name=NODE,
@@ -106,7 +111,7 @@ def make_agent(
         cluster_cidrs=("10.244.0.0/16",),
         healthz_bind_address="127.0.0.1:0",
         metrics_bind_address=metrics_address,
-        min_sync_period=0.0,
+        min_sync_period=min_sync_period,
         sync_period=30.0,
     )
 
@@ -135,6 +140,51 @@ def test_start_syncs_the_files_into_the_table(running: tuple[Agent, FakeBackend]
     _, backend = running
     text = listing(backend)
     assert "ns/web" in text and "ns/lb" in text
+
+
+class TricklingSource:
+    """Delivers a list the way the API informers do: object by object, on
+    its own thread, a little apart, then the two lists' on_synced."""
+
+    def __init__(self, handler: ClusterEvents, objects: Sequence[Mapping[str, Any]]) -> None:
+        self.handler, self.objects = handler, objects
+        self.thread = threading.Thread(target=self._deliver, daemon=True)
+
+    def _deliver(self) -> None:
+        for obj in self.objects:
+            if obj["kind"] == "Node":
+                self.handler.on_node(dict(obj))
+            elif obj["kind"] == "Service":
+                self.handler.on_service(None, dict(obj))
+            else:
+                self.handler.on_endpoint_slice(None, dict(obj))
+            time.sleep(0.05)
+        self.handler.on_synced(KIND_SERVICES)
+        self.handler.on_synced(KIND_ENDPOINT_SLICES)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.thread.join()
+
+
+def test_events_before_the_lists_are_in_do_not_delay_the_first_sync(
+    cluster: tuple[Path, int, list[dict[str, Any]]],
+) -> None:
+    """Were each event of the initial list to ask for a sync, the skipped
+    syncs would spend the runner's burst and the first real sync would wait
+    minSyncPeriod (as upstream: no sync is asked for before the lists)."""
+    config = ProxyConfig(node_name=NODE, table_name=TABLE, healthz_bind_address="",
+                         metrics_bind_address="", min_sync_period=10.0, sync_period=30.0)
+    agent = Agent(config, backend=FakeBackend(),
+                  source_factory=lambda h: TricklingSource(h, cluster[2]))
+    agent.start()
+    try:
+        assert agent.synced.wait(5), "the first sync waited for minSyncPeriod"
+        assert agent.runner.runs == 1
+    finally:
+        agent.stop()
 
 
 def test_an_edit_of_the_file_changes_the_rules(

@@ -1,9 +1,12 @@
 """`nftproxy dump` reads what is programmed, with no nftproxy process running.
 
 Aspects: per service port its VIPs, node port, policies, affinity, source
-ranges and endpoints with their KUBE-SEP chain and cascade probability;
---service filters; --json is machine-readable; a missing table is a clear
-message; `cleanup` deletes only nftproxy's tables;
+ranges (from the shared firewall-vips / firewall-allow sets, grouped per
+port, with its KUBE-FW-<h>) and endpoints with their KUBE-SEP-<h> (from the
+DNAT rule's comment; ruleset v2 has no KUBE-SEP chains) and cascade
+probability; --service filters; --json is machine-readable; a missing table
+is a clear message; a ruleset v1 table is shown with a notice, not a crash;
+`cleanup` deletes only nftproxy's tables;
 - addresses: the text brackets IPv6 wherever a port follows (VIPs,
   endpoints, no-endpoint entries); the JSON keeps address and port as
   separate fields for all three, in both families.
@@ -15,6 +18,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import kernel
 from feed import intake
@@ -23,6 +27,9 @@ from k8s import service
 from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import Endpoint, L4Protocol, ServicePortName
+from nftproxy.core.rules import names
+from nftproxy.core.rules import skeleton as sk
 from nftproxy.kernel import netns as nsutil
 from nftproxy.kernel.fake import FakeBackend
 from nftproxy.tools.demo import load_cluster
@@ -56,7 +63,7 @@ def test_dump_shows_each_service_port(netns: str) -> None:
         ("10.244.1.13", 8080),
     ]
     assert [e["probability"] for e in web["endpoints"]] == [0.5, 0.5]
-    assert all(e["chain"].startswith("KUBE-SEP-") for e in web["endpoints"])
+    assert all(e["identity"].startswith("KUBE-SEP-") for e in web["endpoints"])
 
     sticky = services["demo/sticky:http"]
     assert sticky["affinity_timeout"] == 600
@@ -66,6 +73,9 @@ def test_dump_shows_each_service_port(netns: str) -> None:
     assert local["policies"]["externalTrafficPolicy"] == "Local"
     assert local["node_port"] == 30081
     assert local["source_ranges"] == ["192.168.50.2"]
+    assert local["firewall"] == "KUBE-FW-EPQ2GAXAICHDUGFX"
+    assert local["chains"] == ["KUBE-SVC-EPQ2GAXAICHDUGFX", "KUBE-SVL-EPQ2GAXAICHDUGFX",
+                               "KUBE-EXT-EPQ2GAXAICHDUGFX"]
     assert [(e["address"], e["port"]) for e in local["local_endpoints"]] == [
         ("10.244.0.11", 8080)
     ]
@@ -102,6 +112,7 @@ def test_dump_filters_by_service_and_prints_text(netns: str) -> None:
     assert "demo/web:http" not in proc.stdout
     assert "sessionAffinity: ClientIP, timeout 600s" in proc.stdout
     assert "33.33%" in proc.stdout
+    assert proc.stdout.count("KUBE-SEP-") == 3  # one per endpoint (affinity rules not counted)
 
 
 def test_dump_without_a_table_says_so(netns: str) -> None:
@@ -179,3 +190,103 @@ def test_ipv4_text_and_json_have_the_same_shape() -> None:
     data = {s["service"]: s for s in view.to_json()["services"]}
     assert data["demo/web-np:http"]["vips"] == [{"address": "10.96.0.20", "port": 80}]
     assert data["demo/empty:http"]["endpoints"] == []
+
+
+# --- ruleset v2 shapes, hand-written -------------------------------------------------------
+
+WEB = ServicePortName("ns", "web", "http", L4Protocol.TCP)
+LB = ServicePortName("ns", "lb", "https", L4Protocol.TCP)
+
+
+def _v2_listing() -> dict[str, Any]:
+    """Two LoadBalancer ports sharing firewall-vips / firewall-allow; web
+    has ClientIP affinity (lookup rules, then a cascade with updates)."""
+    eps = [Endpoint(f"10.1.0.{n}", 8080) for n in (1, 2, 3)]
+    seps = [names.endpoint_chain(WEB, ep) for ep in eps]
+
+    def dnat(i: int, *head: Any, what: str = "") -> dict[str, Any]:
+        aff = "@" + seps[i] + "-affinity"
+        update = {"set": {"op": "update", "elem": SADDR, "set": aff}}
+        return {"chain": names.service_chain(WEB),
+                "comment": f"ns/web:http -> 10.1.0.{i + 1}:8080{what} {seps[i]}",
+                "expr": [*head, update, {"match": {"op": "==", "left": {"meta": {
+                    "key": "l4proto"}}, "right": "tcp"}},
+                    {"dnat": {"family": "ip", "addr": f"10.1.0.{i + 1}", "port": 8080}}]}
+
+    def numgen(mod: int) -> dict[str, Any]:
+        return {"match": {"op": "==", "left": {"numgen": {"mode": "random", "mod": mod}},
+                          "right": 0}}
+
+    def lookup(i: int) -> dict[str, Any]:
+        return {"match": {"op": "==", "left": SADDR, "right": "@" + seps[i] + "-affinity"}}
+
+    rules = [*(dnat(i, lookup(i), what=" affinity") for i in range(3)),
+             dnat(0, numgen(3)), dnat(1, numgen(2)), dnat(2)]
+
+    def vip(ip: str, port: int, spn: ServicePortName) -> dict[str, Any]:
+        fw = names.firewall_chain(spn)
+        return {"elem": {"val": {"concat": [ip, "tcp", port]}, "comment": f"{fw} {spn}"}}
+
+    def allow(ip: str, port: int, src: Any) -> dict[str, Any]:
+        return {"concat": [ip, "tcp", port, src]}
+
+    prefix = {"prefix": {"addr": "192.168.0.0", "len": 16}}
+    service_ips = [
+        [{"elem": {"val": {"concat": [ip, "tcp", port]}, "comment": str(spn)}},
+         {"goto": {"target": names.service_chain(spn)}}]
+        for ip, port, spn in (("10.96.0.10", 80, WEB), ("192.168.60.10", 80, WEB),
+                              ("192.168.60.11", 443, LB), ("192.168.60.12", 443, LB))]
+    return {"nftables": [
+        {"map": {"name": sk.SERVICE_IPS, "elem": service_ips}},
+        {"set": {"name": sk.FIREWALL_VIPS, "elem": [
+            vip("192.168.60.10", 80, WEB), vip("192.168.60.11", 443, LB),
+            vip("192.168.60.12", 443, LB)]}},
+        {"set": {"name": sk.FIREWALL_ALLOW, "flags": ["interval"], "elem": [
+            allow("192.168.60.10", 80, prefix), allow("192.168.60.11", 443, "172.16.0.9"),
+            allow("192.168.60.12", 443, "172.16.0.9"),
+            allow("192.168.60.12", 443, {"range": ["172.17.0.1", "172.17.0.9"]})]}},
+        *({"set": {"name": sep + "-affinity", "flags": ["timeout"], "timeout": 900}}
+          for sep in seps),
+        {"chain": {"name": names.service_chain(WEB)}},
+        *({"rule": r} for r in rules),
+        {"chain": {"name": names.service_chain(LB)}},
+    ]}
+
+
+SADDR = {"payload": {"protocol": "ip", "field": "saddr"}}
+
+
+def test_v2_cascade_identities_affinity_and_grouped_source_ranges() -> None:
+    view = parse_table(_v2_listing(), family="ip", table="nftproxy")
+    assert view.notice == ""
+    data = {s["service"]: s for s in view.to_json()["services"]}
+    web, lb = data["ns/web:http"], data["ns/lb:https"]
+    eps = [Endpoint(f"10.1.0.{n}", 8080) for n in (1, 2, 3)]
+    assert [(e["address"], e["identity"], e["probability"]) for e in web["endpoints"]] == [
+        (ep.address.split(":")[0], names.endpoint_chain(WEB, ep), 0.3333) for ep in eps]
+    assert web["affinity_timeout"] == 900
+    assert (web["source_ranges"], web["firewall"]) == (
+        ["192.168.0.0/16"], names.firewall_chain(WEB))
+    assert (lb["source_ranges"], lb["firewall"]) == (
+        ["172.16.0.9", "172.17.0.1-172.17.0.9"], names.firewall_chain(LB))
+    text = render_text(view)
+    assert f"sourceRanges: 192.168.0.0/16  ({names.firewall_chain(WEB)})" in text
+    assert f"10.1.0.2:8080                 33.33%  {names.endpoint_chain(WEB, eps[1])}" in text
+
+
+def test_a_ruleset_v1_table_is_shown_with_a_notice() -> None:
+    spn = WEB
+    sep = names.endpoint_chain(spn, Endpoint("10.1.0.1", 8080))
+    doc = {"nftables": [
+        {"map": {"name": sk.SERVICE_IPS, "elem": [
+            [{"elem": {"val": {"concat": ["10.96.0.10", "tcp", 80]}, "comment": str(spn)}},
+             {"goto": {"target": names.service_chain(spn)}}]]}},
+        {"map": {"name": "firewall-ips", "elem": []}},
+        {"chain": {"name": names.service_chain(spn)}},
+        {"rule": {"chain": names.service_chain(spn), "expr": [{"goto": {"target": sep}}]}},
+        {"chain": {"name": sep}},
+        {"rule": {"chain": sep, "expr": [{"dnat": {"addr": "10.1.0.1", "port": 8080}}]}},
+    ]}
+    view = parse_table(doc, family="ip", table="nftproxy")
+    assert "ruleset v1" in view.notice and view.services[0].endpoints == []
+    assert render_text(view).splitlines()[1].startswith("  note: ruleset v1")

@@ -127,7 +127,7 @@ def test_a_node_change_during_a_full_sync_makes_the_next_sync_full() -> None:
     proxier = Proxier(CONFIG, backend)
     events = intake(proxier)
     events.on_node(node("node-a", ["192.168.50.1"]))
-    # a node IP inside the source ranges lets the LB IP in (rules/service.py _firewall)
+    # a node IP inside the source ranges lets the LB IP in (rules/service.py _firewall_elements)
     events.on_service(None, service("web", "10.96.0.10", type="LoadBalancer", node_ports=[30001],
                                     lb_ips=["1.2.3.4"], source_ranges=["192.168.50.0/24"]))
     events.on_endpoint_slice(None, endpoint_slice("web", ["10.244.0.2"]))
@@ -138,7 +138,7 @@ def test_a_node_change_during_a_full_sync_makes_the_next_sync_full() -> None:
     backend.during = lambda: events.on_node(None)  # deleted while that sync commits
     assert proxier.sync().full
     assert proxier.sync().full, "the deletion's full sync was lost"
-    ranges = next(v for k, v in _sets(backend).items() if k.startswith("KUBE-FW-"))
+    ranges = _sets(backend)["firewall-allow"]  # LB IP . proto . port . allowed range
     assert ranges == ["192.168.50.0/24"], "no node IP in the ranges now: no LB IP either"
 
 
@@ -150,6 +150,9 @@ def _sets(backend: FakeBackend) -> dict[str, list[str]]:
 
 
 def _text(elem: Any) -> str:
+    """An element as text; of a concatenation, its last part (the range)."""
+    if isinstance(elem, dict) and "concat" in elem:
+        return _text(elem["concat"][-1])
     return f"{elem['prefix']['addr']}/{elem['prefix']['len']}" if "prefix" in elem else str(elem)
 
 

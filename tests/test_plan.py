@@ -29,7 +29,7 @@ import copy
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -196,11 +196,31 @@ def check_order(commands: Sequence[Json]) -> None:
     assert not flushes or not deletes or max(flushes) < min(deletes), "a flush after a delete"
 
 
-def apply(state: TableState, kernel: FakeBackend, staged: Staged) -> list[Json]:
-    """Commit a planned transaction to the (fake) kernel, then record it."""
+@dataclass
+class Synced(TableState):
+    """A TableState that also keeps the fragments its commits were planned
+    from: the planner's record holds digests, not rules, so a test that plans
+    the table again (a full sync, assert_same_as_full's reference) plans from
+    these, as the proxier plans from a fresh render."""
+
+    rendered: dict[Owner, Fragment] = field(default_factory=dict)
+
+
+def apply(state: Synced, kernel: FakeBackend, staged: Staged,
+          planned_from: Mapping[Owner, Fragment | None] | None = None, *,
+          full: bool = False) -> list[Json]:
+    """Commit a planned transaction to the (fake) kernel, then record it
+    (with the fragments it was planned from: all of them if `full`)."""
     check_order(staged.commands)
     kernel.commit(staged.commands)
     staged.commit()
+    if full:
+        state.rendered = {}
+    for owner, fragment in (planned_from or {}).items():
+        if fragment is None:
+            state.rendered.pop(owner, None)
+        else:
+            state.rendered[owner] = fragment
     return staged.commands
 
 
@@ -209,15 +229,23 @@ def effective(state: TableState) -> dict[Any, Any]:
     return {eid: state.index.effective(eid) for eid in state.index.claims}
 
 
-def fresh(desired: Mapping[Owner, Fragment]) -> tuple[TableState, FakeBackend]:
-    state, kernel = TableState(V4, TABLE), new_kernel()
-    apply(state, kernel, stage_full(state, None, desired))
+def fresh(desired: Mapping[Owner, Fragment]) -> tuple[Synced, FakeBackend]:
+    state, kernel = Synced(V4, TABLE), new_kernel()
+    apply(state, kernel, stage_full(state, None, desired), desired, full=True)
     return state, kernel
 
 
-def assert_same_as_full(state: TableState, kernel: FakeBackend) -> None:
+def full_sync(state: Synced, kernel: FakeBackend, desired: Mapping[Owner, Fragment], *,
+              defer: bool = False) -> list[Json]:
+    """A full sync of `desired` against what the kernel lists."""
+    staged = stage_full(state, listing(kernel), desired, defer_deletes=defer)
+    return apply(state, kernel, staged, desired, full=True)
+
+
+def assert_same_as_full(state: Synced, kernel: FakeBackend) -> None:
     """The state and the kernel equal a full sync of state's fragments into a fresh table."""
-    ref_state, ref_kernel = fresh(dict(state.fragments))
+    assert set(state.rendered) == set(state.fragments)
+    ref_state, ref_kernel = fresh(dict(state.rendered))
     assert state.chains == ref_state.chains
     assert state.sets == ref_state.sets
     assert effective(state) == effective(ref_state)
@@ -313,7 +341,7 @@ def other(i: int) -> ServicePort:
     return service_port(f"svc{i}", ns="other", cluster_ip=f"172.31.{i // 250}.{i % 250 + 1}")
 
 
-def table(others: int, svc1: Fragment | None = None) -> tuple[TableState, FakeBackend]:
+def table(others: int, svc1: Fragment | None = None) -> tuple[Synced, FakeBackend]:
     """The skeleton, `others` ClusterIP services with one endpoint each, and ns1/svc1
     as `svc1` renders it (absent if None), fully synced into a fresh table."""
     desired: dict[Owner, Fragment] = {SKELETON: SKEL}
@@ -324,9 +352,9 @@ def table(others: int, svc1: Fragment | None = None) -> tuple[TableState, FakeBa
     return fresh(desired)
 
 
-def partial(state: TableState, kernel: FakeBackend, changes: Mapping[Owner, Fragment | None],
+def partial(state: Synced, kernel: FakeBackend, changes: Mapping[Owner, Fragment | None],
             *, defer: bool = False) -> list[Json]:
-    return apply(state, kernel, stage_partial(state, changes, defer_deletes=defer))
+    return apply(state, kernel, stage_partial(state, changes, defer_deletes=defer), changes)
 
 
 def commands_of(commands: Sequence[Json], verb: str, kind: str) -> list[str]:
@@ -359,10 +387,14 @@ def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
     assert elems[1][2][0][1] == {"goto": {"target": names.local_chain(SVC1.name)}}
 
 
+NODEPORT = replace(SVC1, node_port=30001)
+"""SVC1 with a node port: it has a KUBE-EXT chain, which SVC1 has not."""
+
+
 def test_a_removed_chain_is_flushed_then_deleted() -> None:
-    state, kernel = table(0, svc1=frag(SVC1, [EP1, EP2]))
+    state, kernel = table(0, svc1=frag(NODEPORT, [EP1, EP2]))
     commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])})
-    gone = names.endpoint_chain(SVC1.name, EP2)
+    gone = names.external_chain(SVC1.name)
     assert commands_of(commands, "flush", "chain").count(gone) == 1
     assert commands_of(commands, "delete", "chain") == [gone]
     assert gone not in content(kernel).chains
@@ -370,8 +402,8 @@ def test_a_removed_chain_is_flushed_then_deleted() -> None:
 
 
 def test_deferred_deletes_leave_the_chain_flushed_until_gc() -> None:
-    state, kernel = table(0, svc1=frag(SVC1, [EP1, EP2]))
-    gone = names.endpoint_chain(SVC1.name, EP2)
+    state, kernel = table(0, svc1=frag(NODEPORT, [EP1, EP2]))
+    gone = names.external_chain(SVC1.name)
     commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
     assert gone in commands_of(commands, "flush", "chain")
     assert commands_of(commands, "delete", "chain") == []
@@ -384,10 +416,10 @@ def test_deferred_deletes_leave_the_chain_flushed_until_gc() -> None:
 
 
 def test_a_stale_chain_that_comes_back_before_gc_is_rewritten_and_kept() -> None:
-    state, kernel = table(0, svc1=frag(SVC1, [EP1, EP2]))
-    back = names.endpoint_chain(SVC1.name, EP2)
+    state, kernel = table(0, svc1=frag(NODEPORT, [EP1, EP2]))
+    back = names.external_chain(SVC1.name)
     partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
-    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1, EP2])}, defer=True)
+    commands = partial(state, kernel, {SVC1.name: frag(NODEPORT, [EP1, EP2])}, defer=True)
     assert back in commands_of(commands, "add", "chain")
     assert state.stale_chains == set()
     assert stage_gc(state).commands == []
@@ -406,15 +438,16 @@ def test_a_deleted_service_with_deferred_deletes_is_gone_after_gc() -> None:
     assert set(content(kernel).sets) == {s.name for s in SKEL.sets}
 
 
-def test_a_stale_source_ranges_set_that_comes_back_does_not_keep_old_ranges() -> None:
+def test_a_service_that_comes_back_with_other_source_ranges_keeps_no_old_range() -> None:
     lb = replace(SVC1, load_balancer_ingress=(LoadBalancerIngress("1.2.3.4"),),
                  load_balancer_source_ranges=("203.0.113.0/25",))
     state, kernel = table(0, svc1=frag(lb, [EP1]))
     partial(state, kernel, {SVC1.name: None}, defer=True)
     narrowed = replace(lb, load_balancer_source_ranges=("198.51.100.0/24",))
     partial(state, kernel, {SVC1.name: frag(narrowed, [EP1])}, defer=True)
-    ranges = content(kernel).sets[names.firewall_set(SVC1.name)].elems
-    assert list(ranges) == ['{"prefix": {"addr": "198.51.100.0", "len": 24}}']
+    ranges = content(kernel).sets["firewall-allow"].elems
+    allowed = {"concat": ["1.2.3.4", "tcp", 80, {"prefix": {"addr": "198.51.100.0", "len": 24}}]}
+    assert [json.loads(e) for e in ranges] == [allowed]
     assert_same_as_full(state, kernel)
 
 
@@ -430,13 +463,14 @@ def test_full_resync_never_flushes_or_redeclares_affinity_sets() -> None:
     assert all(refuses_readding(kernel, state.sets[s]) for s in aff)
     client = TABLE.add_set_elements(next(iter(aff)), ["192.0.2.7"])
     kernel.commit(client)  # a client the datapath recorded
-    commands = apply(state, kernel, stage_full(state, listing(kernel), dict(state.fragments)))
+    commands = full_sync(state, kernel, dict(state.rendered))
     touched = {name for v, k, name, _ in _ops(commands) if k == "set"}
     assert touched.isdisjoint(aff)
     assert '"192.0.2.7"' in content(kernel).sets[next(iter(aff))].elems
     # every other set that exists is flushed and refilled
-    assert set(commands_of(commands, "flush", "set")) == {"cluster-ips", "nodeport-ips",
-                                                          "service-cidrs"}
+    assert set(commands_of(commands, "flush", "set")) == {
+        "cluster-ips", "nodeport-ips", "service-cidrs", "hairpin-endpoints",
+        "firewall-vips", "firewall-allow"}
 
 
 def test_a_stale_affinity_set_that_comes_back_before_gc_is_recreated() -> None:
@@ -458,15 +492,14 @@ def test_a_changed_affinity_timeout_recreates_the_sets_after_flushing_their_user
     state, kernel = table(2, svc1=frag(AFFINITY, [EP1, EP2]))
     longer = frag(replace(AFFINITY, affinity_timeout=900), [EP1, EP2])
     if full:
-        desired = {**state.fragments, SVC1.name: longer}
+        desired = {**state.rendered, SVC1.name: longer}
         staged = stage_full(state, listing(kernel), desired)
     else:
         staged = stage_partial(state, {SVC1.name: longer})
-    commands = apply(state, kernel, staged)
+    commands = apply(state, kernel, staged, {SVC1.name: longer})
     ops = _ops(commands)
     aff = [names.affinity_set(SVC1.name, ep) for ep in (EP1, EP2)]
-    users = [names.service_chain(SVC1.name), *(names.endpoint_chain(SVC1.name, ep)
-                                              for ep in (EP1, EP2))]
+    users = [names.service_chain(SVC1.name)]
     for s in aff:
         delete = ops.index(next(o for o in ops if o[:3] == ("delete", "set", s)))
         add = ops.index(next(o for o in ops if o[:3] == ("add", "set", s)))
@@ -531,27 +564,27 @@ AE, DE = "add element", "delete element"
 
 SIZES = [
     # (starting fragment of ns1/svc1 or None, its new fragment or None, commands by kind)
-    pytest.param(None, _one_endpoint(), {AC: 2, AR: 4, AE: 2},
+    pytest.param(None, _one_endpoint(), {AC: 1, AR: 2, AE: 3},
                  id="add a ClusterIP service with one endpoint"),
-    # chains SVC and SEP; rules: masquerade + goto SEP, hairpin + dnat;
-    # elements: cluster-ips and service-ips (one command per set)
-    pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {FC: 2, AC: 2, AR: 4, DC: 1},
+    # chain SVC; rules: masquerade + dnat; elements: cluster-ips, service-ips,
+    # hairpin-endpoints (one command per set)
+    pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {FC: 1, AC: 1, AR: 2, DE: 1, AE: 1},
                  id="change one endpoint's IP"),
-    # SVC rewritten (flush, add, 2 rules), new SEP (add, 2 rules), old SEP flushed and deleted
-    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {FC: 1, AC: 2, AR: 5},
+    # SVC rewritten (flush, add, 2 rules); hairpin element EP1 . EP1 -> EP2 . EP2
+    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {FC: 1, AC: 1, AR: 3, AE: 1},
                  id="add a second endpoint"),
-    # SVC rewritten (flush, add, masquerade + numgen + goto), new SEP (add, 2 rules)
-    pytest.param(_one_endpoint(), None, {FC: 2, DE: 2, DC: 2}, id="delete the service"),
-    # SVC and SEP flushed and deleted; cluster-ips and service-ips elements deleted
+    # SVC rewritten (flush, add, masquerade + numgen-dnat + dnat); hairpin EP2 . EP2
+    pytest.param(_one_endpoint(), None, {FC: 1, DE: 3, DC: 1}, id="delete the service"),
+    # SVC flushed and deleted; cluster-ips, service-ips, hairpin elements deleted
     pytest.param(_one_endpoint(), _one_endpoint(), {}, id="no change"),
-    pytest.param(_one_endpoint(), frag(SVC1), {FC: 2, DE: 1, AE: 1, DC: 2},
+    pytest.param(_one_endpoint(), frag(SVC1), {FC: 1, DE: 2, AE: 1, DC: 1},
                  id="endpoints become none"),
-    # SVC and SEP flushed and deleted; service-ips -> no-endpoint-services (reject)
+    # SVC flushed and deleted; service-ips -> no-endpoint-services (reject), hairpin gone
     pytest.param(None, frag(SVC1), {AE: 2}, id="add a service without endpoints"),
     # cluster-ips and no-endpoint-services elements
-    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AC: 2, AR: 4, AE: 1},
+    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AC: 1, AR: 2, AE: 2},
                  id="its first endpoint"),
-    # no-endpoint-services -> service-ips, chains SVC and SEP with their 4 rules
+    # no-endpoint-services -> service-ips + hairpin, chain SVC with its 2 rules
 ]
 
 
@@ -627,7 +660,7 @@ def test_full_sync_removes_what_is_not_desired_and_recreates_a_rehooked_base_cha
         {"add": {"chain": {"family": "ip", "table": "nftproxy", "name": "nat-output",
                            "type": "nat", "hook": "output", "prio": -99, "policy": "accept"}}},
     ])
-    commands = apply(state, kernel, stage_full(state, listing(kernel), dict(state.fragments)))
+    commands = full_sync(state, kernel, dict(state.rendered))
     assert "KUBE-SVC-LEFTOVER" in commands_of(commands, "delete", "chain")
     assert "leftover" in commands_of(commands, "delete", "set")
     assert content(kernel).hooks["nat-output"] == BaseHook("nat", "output", -100)
@@ -635,11 +668,11 @@ def test_full_sync_removes_what_is_not_desired_and_recreates_a_rehooked_base_cha
 
 
 def test_full_sync_with_deferred_deletes_leaves_leftovers_for_gc() -> None:
-    state, kernel = table(1, svc1=frag(SVC1, [EP1]))
-    desired = {o: f for o, f in state.fragments.items() if o != SVC1.name}
-    apply(state, kernel, stage_full(state, listing(kernel), desired, defer_deletes=True))
+    state, kernel = table(1, svc1=frag(NODEPORT, [EP1]))
+    desired = {o: f for o, f in state.rendered.items() if o != SVC1.name}
+    full_sync(state, kernel, desired, defer=True)
     assert state.stale_chains == {names.service_chain(SVC1.name),
-                                  names.endpoint_chain(SVC1.name, EP1)}
+                                  names.external_chain(SVC1.name)}
     apply(state, kernel, stage_gc(state))
     assert_same_as_full(state, kernel)
 
@@ -749,8 +782,8 @@ def test_successive_partial_syncs_equal_one_full_sync(
                 else _tweaked_spec(previous))
             step[owner] = frag(*specs[owner])
         if data.draw(st.integers(0, 4), label="full sync?") == 0:
-            desired = {o: f for o, f in {**state.fragments, **step}.items() if f is not None}
-            apply(state, kernel, stage_full(state, listing(kernel), desired, defer_deletes=defer))
+            desired = {o: f for o, f in {**state.rendered, **step}.items() if f is not None}
+            full_sync(state, kernel, desired, defer=defer)
         else:
             partial(state, kernel, step, defer=defer)
         if n % gc_every == 0:

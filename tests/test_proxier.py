@@ -421,3 +421,66 @@ def test_plan_full_never_touches_the_kernel(backend: Recording) -> None:
     assert planned.commands and backend.sent == []
     assert planned.input.full and planned.input.node.ipv4 == ("192.168.50.1",)
     assert listing(backend) == json.dumps([None, None])
+
+
+# --- the first full sync onto absent tables ---------------------------------------------
+
+
+class Snapshots(Recording):
+    """Recording that also keeps the ip table as listed after each commit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after: list[Mapping[str, Any]] = []
+
+    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
+        super().commit(commands, fresh=fresh)
+        if commands:
+            self.after.append(self.list_table("ip", "nftproxy") or {"nftables": []})
+
+
+def _services(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per cluster IP in service-ips: (dnat rules of its chain, its endpoints'
+    hairpin elements) -- what a whole service has."""
+    objs = [next(iter(o.items())) for o in doc["nftables"]]
+    sets = {o["name"]: o.get("elem", []) for k, o in objs if k in ("set", "map")}
+    dnats: dict[str, list[str]] = {}
+    for kind, o in objs:
+        if kind == "rule":
+            for e in o["expr"]:
+                if "dnat" in e:
+                    dnats.setdefault(o["chain"], []).append(e["dnat"]["addr"])
+    hairpin = {e["concat"][0] for e in sets.get("hairpin-endpoints", [])}
+    out = {}
+    for key, verdict in sets.get("service-ips", []):
+        eps = dnats.get(verdict["goto"]["target"], [])
+        out[key["elem"]["val"]["concat"][0]] = (len(eps), sum(ep in hairpin for ep in eps))
+    return out
+
+
+def test_a_first_full_sync_onto_absent_tables_commits_chunks_of_whole_services(
+    clock: Clock,
+) -> None:
+    objects = []
+    for i in range(6):
+        objects += [service(f"s{i}", f"10.96.1.{i + 1}"),
+                    endpoint_slice(f"s{i}", [(f"10.244.0.{i + 1}", NODE),
+                                             (f"10.244.1.{i + 1}", "node-b")])]
+    with started(Snapshots()) as backend:
+        assert isinstance(backend, Snapshots)
+        proxier = Proxier(CONFIG, backend, clock=clock, fresh_chunk=3)
+        listed(proxier, *objects)
+        report = proxier.sync()
+        assert report.full and report.ops == sum(map(len, backend.sent))
+        # the skeleton, then 3 chunks of 2 services (4 endpoints >= 3 each)
+        assert len(backend.sent) == 4
+        seen = [_services(doc) for doc in backend.after]
+        assert [len(s) for s in seen] == [0, 2, 4, 6]
+        assert all(whole == (2, 2) for s in seen for whole in s.values())
+        table = listing(backend)
+        # over existing tables a full sync is one transaction, and builds the same
+        backend.sent.clear()
+        proxier.request_full_sync()
+        assert proxier.sync().full
+        assert len(backend.sent) == 1
+        assert listing(backend) == table

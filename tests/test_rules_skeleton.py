@@ -6,6 +6,12 @@ v1.34+ layout), the KUBE-* chains and their rules, the dispatch maps and
 shared sets with their types. The JSON below is written out literally, not
 built with nftproxy.core.rules.expr, so a change of spelling shows up here.
 
+Ruleset v2: loadBalancerSourceRanges are one KUBE-FIREWALL-CHECK rule over
+the firewall-vips / firewall-allow sets, and hairpin is the first
+KUBE-POSTROUTING rule over the hairpin-endpoints set. Every set a rule looks
+up is matched by the very selectors it is declared by (`SetDecl.key`), which
+libnftables 1.1.x declares as typeof.
+
 Variants: nodePortAddresses (all local addresses, "primary", CIDR lists,
 loopback never served; selecting from the host's interface addresses when
 they were read, else from the Node's), the masquerade bit, tcp_be_liberal,
@@ -14,6 +20,7 @@ IPv6.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Any
 
@@ -21,7 +28,8 @@ import pytest
 
 from nftproxy.core.config import ConntrackConfig, ProxyConfig
 from nftproxy.core.model import HostAddresses, IPFamily, NodeInfo
-from nftproxy.core.nft.ops import Table
+from nftproxy.core.nft.ops import Table, typeof_key
+from nftproxy.core.rules import skeleton as skeleton_mod
 from nftproxy.core.rules.fragment import Fragment
 from nftproxy.core.rules.skeleton import nodeport_ips, render_skeleton
 
@@ -50,6 +58,10 @@ def daddr(ip: str) -> dict[str, Any]:
     return {"payload": {"protocol": ip, "field": "daddr"}}
 
 
+def saddr(ip: str) -> dict[str, Any]:
+    return {"payload": {"protocol": ip, "field": "saddr"}}
+
+
 def vmap(key: Any, name: str) -> dict[str, Any]:
     return {"vmap": {"key": key, "data": "@" + name}}
 
@@ -74,6 +86,18 @@ def in_set(ip: str, name: str) -> dict[str, Any]:
 
 def mark_and(bit: int, value: int) -> dict[str, Any]:
     return {"match": {"op": "==", "left": {"&": [MARK, bit]}, "right": value}}
+
+
+def mark_or(bit: int) -> dict[str, Any]:
+    return {"mangle": {"key": MARK, "value": {"|": [MARK, bit]}}}
+
+
+def hairpin_rule(ip: str, bit: int) -> tuple[list[Any], str]:
+    """After DNAT, source == destination == an endpoint: mark for masquerade."""
+    dnated = {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}}
+    pair = {"match": {"op": "==", "left": {"concat": [saddr(ip), daddr(ip)]},
+                      "right": "@hairpin-endpoints"}}
+    return [dnated, pair, mark_or(bit)], "hairpin: the client is the endpoint it was sent to"
 
 
 # --- the golden IPv4 skeleton (default config) --------------------------------
@@ -127,7 +151,11 @@ GOLDEN_V4: dict[str, Rules] = {
     ],
     "KUBE-NODEPORTS": [([vmap(PROTO_PORT, "service-nodeports")], None)],
     "KUBE-FIREWALL-CHECK": [
-        ([vmap(addr_proto_port("ip"), "firewall-ips")], "loadBalancerSourceRanges"),
+        ([{"match": {"op": "==", "left": addr_proto_port("ip"), "right": "@firewall-vips"}},
+          {"match": {"op": "!=",
+                     "left": {"concat": [daddr("ip"), L4PROTO, TH_DPORT, saddr("ip")]},
+                     "right": "@firewall-allow"}},
+          {"drop": None}], "loadBalancerSourceRanges"),
     ],
     "KUBE-EXTERNAL-SERVICES": [
         ([vmap(addr_proto_port("ip"), "no-endpoint-services")],
@@ -146,10 +174,9 @@ GOLDEN_V4: dict[str, Rules] = {
           {"reject": {"type": "tcp reset"}}], None),
         ([{"reject": {"type": "icmp", "expr": "port-unreachable"}}], None),
     ],
-    "KUBE-MARK-MASQ": [
-        ([{"mangle": {"key": MARK, "value": {"|": [MARK, 16384]}}}], None),
-    ],
+    "KUBE-MARK-MASQ": [([mark_or(16384)], None)],
     "KUBE-POSTROUTING": [
+        hairpin_rule("ip", 16384),
         ([mark_and(16384, 0), {"return": None}], None),
         ([{"mangle": {"key": MARK, "value": {"^": [MARK, 16384]}}}], None),
         ([{"masquerade": {"flags": ["fully-random"]}}], None),
@@ -180,8 +207,11 @@ GOLDEN_SETS_V4 = [
          map="verdict"),
     _set("map", "no-endpoint-nodeports", TWO, "drop or reject node ports with no endpoints",
          map="verdict"),
-    _set("map", "firewall-ips", THREE, "destinations subject to loadBalancerSourceRanges",
-         map="verdict"),
+    _set("set", "firewall-vips", THREE, "LoadBalancer IPs with loadBalancerSourceRanges"),
+    _set("set", "firewall-allow", [*THREE, "ipv4_addr"], "LoadBalancer IP . allowed source range",
+         flags=["interval"]),
+    _set("set", "hairpin-endpoints", ["ipv4_addr", "ipv4_addr"],
+         "endpoint . endpoint: hairpin connections"),
     _set("set", "cluster-ips", "ipv4_addr", "Active ClusterIPs"),
     _set("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic"),
     _set("set", "service-cidrs", "ipv4_addr", "service CIDRs (ServiceCIDR objects)",
@@ -244,8 +274,8 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
             return NOT_LOOPBACK_V6
         if value == {"reject": {"type": "icmp", "expr": "port-unreachable"}}:
             return {"reject": {"type": "icmpv6", "expr": "port-unreachable"}}
-        if value == {"protocol": "ip", "field": "daddr"}:
-            return {"protocol": "ip6", "field": "daddr"}
+        if value in ({"protocol": "ip", "field": "daddr"}, {"protocol": "ip", "field": "saddr"}):
+            return {**value, "protocol": "ip6"}
         if isinstance(value, dict):
             return {k: v6(v) for k, v in value.items()}
         if isinstance(value, list):
@@ -257,16 +287,62 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
     assert rules(fragment) == v6(GOLDEN_V4)
     assert chain_rules(fragment, "KUBE-SERVICES")[1][0] == [
         FIB_DADDR_LOCAL, NOT_LOOPBACK_V6, goto("KUBE-NODEPORTS")]
+    assert chain_rules(fragment, "KUBE-POSTROUTING")[0] == hairpin_rule("ip6", 16384)
     assert {s.name: s.type[0] for s in fragment.sets} == {
         "service-ips": "ipv6_addr",
         "service-nodeports": "inet_proto",
         "no-endpoint-services": "ipv6_addr",
         "no-endpoint-nodeports": "inet_proto",
-        "firewall-ips": "ipv6_addr",
+        "firewall-vips": "ipv6_addr",
+        "firewall-allow": "ipv6_addr",
+        "hairpin-endpoints": "ipv6_addr",
         "cluster-ips": "ipv6_addr",
         "nodeport-ips": "ipv6_addr",
         "service-cidrs": "ipv6_addr",
     }
+    assert (sets(fragment)["firewall-allow"].type, sets(fragment)["hairpin-endpoints"].type) == (
+        ("ipv6_addr", "inet_proto", "inet_service", "ipv6_addr"), ("ipv6_addr", "ipv6_addr"))
+
+
+def _lookups(fragment: Fragment) -> list[tuple[str, Any]]:
+    """(set name, the expression looked up in it) for every `@set` a rule uses."""
+    found: list[tuple[str, Any]] = []
+    for c in fragment.chains:
+        for r in c.rules:
+            for s in r.expr:
+                if "match" in s and str(s["match"]["right"]).startswith("@"):
+                    found.append((s["match"]["right"][1:], s["match"]["left"]))
+                if "vmap" in s:
+                    found.append((s["vmap"]["data"][1:], s["vmap"]["key"]))
+    return found
+
+
+@pytest.mark.parametrize("family", [V4, V6], ids=lambda f: f.value)
+def test_every_set_lookup_matches_the_key_its_set_is_declared_by(family: IPFamily) -> None:
+    """A concatenation in a rule and the set's declared key agree part by
+    part (ip saddr . ip daddr for hairpin-endpoints, not the other way
+    round): libnftables 1.1.x declares the set by exactly this expression."""
+    fragment = render_skeleton(family, replace(DEFAULT, nodeport_addresses=("primary",)), NODE)
+    lookups = _lookups(fragment)
+    declared = sets(fragment)
+    assert {name for name, _ in lookups} == set(declared)  # every set is used
+    for name, looked_up in lookups:
+        assert looked_up == typeof_key(declared[name].key), name
+
+
+def test_v2_sets_are_declared_by_typeof_on_libnftables_1_1() -> None:
+    """The concatenated keys of ruleset v2, in the 1.1.x dialect (no datatype
+    userdata that would crash 1.0.6's listing, docs/userspaces.md)."""
+    table = Table("ip", "nftproxy", typeof=True)
+    declared = sets(render_skeleton(V4, DEFAULT, NODE))
+    three = [daddr("ip"), L4PROTO, TH_DPORT]
+    assert [table.add_set(declared[n])["add"]["set"]["type"] for n in (
+        "firewall-vips", "firewall-allow", "hairpin-endpoints")] == [
+        {"typeof": {"concat": three}},
+        {"typeof": {"concat": [*three, saddr("ip")]}},
+        {"typeof": {"concat": [saddr("ip"), daddr("ip")]}},
+    ]
+    assert table.add_set(declared["firewall-allow"])["add"]["set"]["flags"] == ["interval"]
 
 
 def test_every_jump_and_set_reference_resolves_inside_the_skeleton() -> None:
@@ -455,9 +531,9 @@ def _mark_values(fragment: Fragment) -> set[int]:
 def test_masquerade_bit_sets_the_mark_everywhere(bit: int, mark: int) -> None:
     fragment = render_skeleton(V4, replace(DEFAULT, masquerade_bit=bit), NODE)
     assert _mark_values(fragment) == {mark}
-    assert chain_rules(fragment, "KUBE-MARK-MASQ") == [
-        ([{"mangle": {"key": MARK, "value": {"|": [MARK, mark]}}}], None)]
-    assert chain_rules(fragment, "KUBE-POSTROUTING")[0][0] == [mark_and(mark, 0), {"return": None}]
+    assert chain_rules(fragment, "KUBE-MARK-MASQ") == [([mark_or(mark)], None)]
+    assert chain_rules(fragment, "KUBE-POSTROUTING")[:2] == [
+        hairpin_rule("ip", mark), ([mark_and(mark, 0), {"return": None}], None)]
 
 
 def test_tcp_be_liberal_removes_the_conntrack_invalid_drop() -> None:
@@ -465,3 +541,30 @@ def test_tcp_be_liberal_removes_the_conntrack_invalid_drop() -> None:
     fragment = render_skeleton(V4, config, NODE)
     assert chain_rules(fragment, "KUBE-FORWARD") == GOLDEN_V4["KUBE-FORWARD"][1:]
     assert "['invalid']" not in repr(rules(fragment))
+
+
+# --- meta-test: every private renderer has a test ---------------------------------
+
+RENDERER_TESTS = {
+    "_base_chains": "test_base_chains_hook_types_and_integer_priorities",
+    "_nodeport_address_match": "test_cidr_lists_select_node_ips",
+    "_dispatch_chains": "test_ipv4_skeleton_rules_are_golden",
+    "_source_range_rule": "test_every_set_lookup_matches_the_key_its_set_is_declared_by",
+    "_hairpin_rule": "test_masquerade_bit_sets_the_mark_everywhere",
+    "_helper_chains": "test_tcp_be_liberal_removes_the_conntrack_invalid_drop",
+    "_maps_and_sets": "test_ipv4_maps_and_sets_are_golden",
+}
+HELPERS = {"_rule"}
+"""Builds a Rule from its statements; decides nothing."""
+
+
+def test_every_private_renderer_has_a_test() -> None:
+    """A new renderer in rules/skeleton.py must be added here with its test
+    (besides the golden, which covers the IPv4 default)."""
+    private = {
+        name for name, fn in inspect.getmembers(skeleton_mod, inspect.isfunction)
+        if name.startswith("_") and fn.__module__ == skeleton_mod.__name__
+    }
+    assert private == set(RENDERER_TESTS) | HELPERS
+    for test_name in RENDERER_TESTS.values():
+        assert callable(globals().get(test_name)), test_name

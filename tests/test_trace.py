@@ -73,7 +73,14 @@ _BUILDERS: dict[str, Callable[[IPFamily], list[Any]]] = {
     "mark_is_set": lambda f: [expr.mark_is_set(0x4000)],
     "mark_set": lambda f: [expr.mark_set(0x4000)],
     "masquerade": lambda f: [expr.masquerade()],
+    "match": lambda f: [
+        expr.match({"ct": {"key": "status"}}, "dnat", "in"),
+        expr.match({"concat": [expr.payload(f, "saddr"), expr.payload(f, "daddr")]}, "@s"),
+        expr.match({"concat": [*expr.concat_daddr_proto_dport(f)["concat"],
+                               expr.payload(f, "saddr")]}, "@s", "!="),
+    ],
     "numgen_zero": lambda f: [expr.numgen_zero(3)],
+    "payload": lambda f: [],  # an expression, exercised through match
     "port_match": lambda f: [expr.port_match(p, 80) for p in L4Protocol],
     "prefix": lambda f: [],  # a literal, exercised through addr_match
     "reject_icmp": lambda f: [expr.reject_icmp(f)],
@@ -349,7 +356,9 @@ def test_sample_trace_reads_like_kube_proxy(sample: Tables) -> None:
     assert all(p.masquerade and "off-cluster" in p.reasons[0] for p in web.paths)
     assert web.paths[0].chains == ("KUBE-SVC-XRY76EGRC3BSCIIJ",)
     assert web.paths[0].endpoint is not None
-    assert web.paths[0].endpoint.chain.startswith("KUBE-SEP-")
+    # the DNAT is inline in KUBE-SVC; kube-proxy's KUBE-SEP name is in its comment
+    assert web.paths[0].endpoint.chain == "KUBE-SVC-XRY76EGRC3BSCIIJ"
+    assert web.paths[0].endpoint.identity == "KUBE-SEP-QRUEL26JRDPVFLID"
 
     hairpin = run(sample, make_packet("10.244.0.11", "10.96.0.10:80", Origin.POD, CONFIG))
     assert [(p.endpoint.address if p.endpoint else "", p.masquerade, p.reasons[0][:7])
@@ -357,8 +366,9 @@ def test_sample_trace_reads_like_kube_proxy(sample: Tables) -> None:
                                         ("10.244.1.13", False, "not mar")]
 
     denied = run(sample, make_packet("192.168.50.3", "192.168.60.10:80", Origin.EXTERNAL, CONFIG))
-    assert [(p.verdict, p.reasons) for p in denied.paths] == [
-        ("drop", ("source 192.168.50.3 is outside the service's loadBalancerSourceRanges",))]
+    assert [(p.verdict, p.reasons, p.service, p.firewall) for p in denied.paths] == [
+        ("drop", ("source 192.168.50.3 is outside the service's loadBalancerSourceRanges",),
+         "demo/web-local:http", "KUBE-FW-EPQ2GAXAICHDUGFX")]
 
     empty = run(sample, make_packet("192.168.50.2", "10.96.0.99:80/udp", Origin.EXTERNAL, CONFIG))
     assert [(p.verdict, p.reject_with) for p in empty.paths] == [

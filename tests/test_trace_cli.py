@@ -66,11 +66,16 @@ def test_load_balancer_source_ranges_allowed_and_denied(capsys: pytest.CaptureFi
     (path,) = allowed["paths"]
     assert (path["verdict"], path["endpoint"]["address"], path["masquerade"]) == (
         "accept", "10.244.0.11", False)
-    assert path["chains"] == ["KUBE-FW-EPQ2GAXAICHDUGFX", "KUBE-EXT-EPQ2GAXAICHDUGFX",
-                              "KUBE-SVL-EPQ2GAXAICHDUGFX"]
+    # KUBE-FW-<h> is no chain in ruleset v2: the firewall-vips element's comment names it
+    assert path["chains"] == ["KUBE-EXT-EPQ2GAXAICHDUGFX", "KUBE-SVL-EPQ2GAXAICHDUGFX"]
+    assert path["firewall"] == "KUBE-FW-EPQ2GAXAICHDUGFX"
+    assert path["endpoint"]["identity"] == "KUBE-SEP-YZLWVCKNA5MIF3EP"
     denied = trace_json(capsys, "192.168.50.3", "192.168.60.10:80")
-    assert [(p["verdict"], p["reasons"]) for p in denied["paths"]] == [
-        ("drop", ["source 192.168.50.3 is outside the service's loadBalancerSourceRanges"])]
+    assert [(p["verdict"], p["reasons"], p["firewall"]) for p in denied["paths"]] == [
+        ("drop", ["source 192.168.50.3 is outside the service's loadBalancerSourceRanges"],
+         "KUBE-FW-EPQ2GAXAICHDUGFX")]
+    rc, out, _ = trace(capsys, "192.168.50.3", "192.168.60.10:80")
+    assert rc == 0 and "  service demo/web-local:http: KUBE-FW-EPQ2GAXAICHDUGFX\n" in out
 
 
 def test_local_policy_node_port(capsys: pytest.CaptureFixture[str]) -> None:

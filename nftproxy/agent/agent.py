@@ -330,10 +330,14 @@ class Agent:
     # ---- the loop -----------------------------------------------------------------
 
     def _on_change(self) -> None:
-        if self.proxier.ready:  # as upstream: nothing is "queued" before the lists
-            self.health.queued()
         self.metrics.record_queued()
-        self.runner.kick()
+        # As upstream: nothing is "queued", and no sync is asked for, before
+        # both lists are in (the last list's on_synced kicks). A kick before
+        # would run a skipped sync and spend the runner's burst, delaying the
+        # first real sync by minSyncPeriod.
+        if self.proxier.ready:
+            self.health.queued()
+            self.runner.kick()
 
     def _invalid_field(self, invalid: InvalidField) -> None:
         """The one stream every invalid field goes through, once each."""

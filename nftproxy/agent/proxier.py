@@ -11,8 +11,13 @@ steps over values:
   render    -- pure (core/render.py): desired fragments per family
   listing   -- full syncs only: what our tables hold in the kernel
   stage     -- pure (core/nft/plan.py): one ordered transaction per family
-  commit    -- one backend.commit() for both families; record on success
-  report    -- a `SyncReport` of plain values, handed to the hooks
+  commit    -- one backend.commit() for both families; record on success.
+               But a full sync onto ABSENT tables (first start) commits the
+               skeleton, then sorted chunks of ~`fresh_chunk` endpoints, each
+               service whole in one: memory follows the chunk, not the cluster
+  report    -- a `SyncReport` of plain values, handed to the hooks; its
+               figures about every service are kept per applied change
+               (agent/tallies.py), so a sync without change costs nothing
 
 Event handlers take model values (agent/intake.py converts) and only record;
 sync() is the only path that writes to the kernel. Callers: the agent's
@@ -49,6 +54,7 @@ from nftproxy.agent.report import (
     SyncReport,
     TableSizes,
 )
+from nftproxy.agent.tallies import HealthTally, NoLocalTally
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.convert import EndpointSliceInfo
 from nftproxy.core.model import (
@@ -57,23 +63,21 @@ from nftproxy.core.model import (
     NamespacedName,
     NodeInfo,
     ServiceInfo,
-    ServicePortName,
-    family_of,
 )
 from nftproxy.core.nft.errors import NftBusy, NftError
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import Staged, TableState, stage_full, stage_gc, stage_partial
 from nftproxy.core.nft.seam import Backend
-from nftproxy.core.render import NoLocal, RenderedFamily, render_changed, render_full
+from nftproxy.core.render import RenderedFamily, render_changed, render_fresh, render_full
 from nftproxy.core.rules.skeleton import nodeport_ips
 from nftproxy.core.tracker import ProxyState, SyncGate
 
 __all__ = ["Proxier"]
 
 FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
-
-
+FRESH_CHUNK_ENDPOINTS = 5000
+"""Endpoints per transaction of a full sync onto absent tables (see above)."""
 
 
 class _Inputs:
@@ -89,7 +93,7 @@ class _Inputs:
 class _Family:
     state: ProxyState
     table: TableState
-    no_local: dict[ServicePortName, NoLocal] = field(default_factory=dict)
+    no_local: NoLocalTally = field(default_factory=NoLocalTally)
 
 
 class Proxier:
@@ -113,6 +117,7 @@ class Proxier:
         log: logging.Logger | None = None,
         drift_check_period: float | None = None,
         on_drift: Callable[[str], None] = lambda _: None,
+        fresh_chunk: int = FRESH_CHUNK_ENDPOINTS,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -129,8 +134,10 @@ class Proxier:
             f: _Family(ProxyState(f), TableState(f, Table(f.nft_family, config.table_name)))
             for f in FAMILIES
         }
+        self._health = HealthTally(FAMILIES)
         self._defer_deletes = False
         self._last_full = float("-inf")
+        self._fresh_chunk = fresh_chunk
         self._drift = DriftWatch(  # reads nothing unless drift_check_period is set
             lambda: self.backend.generation(), period=drift_check_period, clock=clock,
             log=self.log,
@@ -229,20 +236,7 @@ class Proxier:
         return self._families[family].table
 
     def _node(self) -> NodeInfo:
-        base = self._inputs.node or NodeInfo(self.config.node_name)
-        flags = self.config.node_ips
-        v4 = tuple(ip for ip in flags if family_of(ip) is IPFamily.IPV4)
-        v6 = tuple(ip for ip in flags if family_of(ip) is IPFamily.IPV6)
-        return NodeInfo(
-            name=base.name or self.config.node_name,
-            ipv4=v4 + tuple(ip for ip in base.ipv4 if ip not in v4),
-            ipv6=v6 + tuple(ip for ip in base.ipv6 if ip not in v6),
-            labels=base.labels,
-            pod_cidrs=base.pod_cidrs,
-            deleting=base.deleting,
-            to_be_deleted=base.to_be_deleted,
-            host_addresses=self._inputs.host_addresses,
-        )
+        return self.config.node_view(self._inputs.node, self._inputs.host_addresses)
 
     # ---- sync -------------------------------------------------------------------
 
@@ -268,26 +262,57 @@ class Proxier:
         snapshot = self._snapshot(force_full=drifted, take_full_request=True)
         try:
             self._collect_garbage()
-            t_render = self.clock()
-            with self._heap.building(snapshot.full):
-                rendered = self._render(snapshot)
-                listings = self._list_tables() if snapshot.full else {}
-                staged = self._stage(rendered, listings)
+            listings = self._list_tables() if snapshot.full else {}
             drift = self._drift_reason(listings) if drifted else ""
-            t_commit = self.clock()
-            commands = [c for s in staged.values() for c in s.commands]
-            self._commit(commands, staged, rendered, full=snapshot.full)
+            if snapshot.full and all(listing is None for listing in listings.values()):
+                ops, render_s, commit_s = self._build_fresh(snapshot)
+            else:
+                ops, render_s, commit_s = self._build(snapshot, listings)
         except BaseException:
             if snapshot.full:  # the request it took is still to be done
                 self.request_full_sync()
             raise
-        end = self.clock()
-        report = self._report(snapshot, len(commands), (start, t_render, t_commit, end))
+        report = self._report(snapshot, ops, render_s, commit_s, self.clock() - start)
         if drift:
             self._drift.repaired()
             self._on_drift(drift)
         self._run_hooks(report)
         return report
+
+    def _build(
+        self, snapshot: SyncInput, listings: Mapping[IPFamily, TableListing | None]
+    ) -> tuple[int, float, float]:
+        """Render, stage and commit one transaction: (ops, render s, commit s)."""
+        t_render = self.clock()
+        with self._heap.building(snapshot.full):
+            rendered = self._render(snapshot)
+            staged = self._stage(rendered, listings)
+        t_commit = self.clock()
+        commands = [c for s in staged.values() for c in s.commands]
+        self._commit(commands, staged, rendered, full=snapshot.full)
+        return len(commands), t_commit - t_render, self.clock() - t_commit
+
+    def _build_fresh(self, snapshot: SyncInput) -> tuple[int, float, float]:
+        """A full sync onto absent tables, chunk by chunk (module docstring)."""
+        ops, render_s, commit_s = 0, 0.0, 0.0
+        absent: dict[IPFamily, TableListing | None] = {f: None for f in snapshot.families}
+        with self._heap.building(True):
+            states = {f: inp.state for f, inp in snapshot.families.items()}
+            steps = render_fresh(
+                states, self.config, snapshot.node, snapshot.service_cidrs, self._fresh_chunk
+            )
+            for rendered in steps:
+                t_render = self.clock()
+                staged = self._stage(rendered, absent)
+                commands = [c for s in staged.values() for c in s.commands]
+                t_commit = self.clock()
+                self._send(commands, staged, rendered, fresh=False)
+                ops += len(commands)
+                render_s += t_commit - t_render
+                commit_s += self.clock() - t_commit
+        self._last_full = self.clock()
+        self._heap.committed(True)
+        return ops, render_s, commit_s
 
     def _snapshot(
         self, *, force_full: bool = False, take_full_request: bool = False
@@ -307,7 +332,17 @@ class Proxier:
                 f: FamilyInput(fam.state.apply(), fam.state.snapshot())
                 for f, fam in self._families.items()
             }
+            self._tally_health(families, full=full)
             return SyncInput(full, self._node(), self._inputs.service_cidrs, families)
+
+    def _tally_health(self, families: Mapping[IPFamily, FamilyInput], *, full: bool) -> None:
+        """Keep the report's health figures: whole maps on a full sync, else
+        only the ports this apply() updated (a sync without change: nothing)."""
+        states = {f: inp.state for f, inp in families.items()}
+        if full:
+            self._health.rebuild(states)
+        else:
+            self._health.update(states, {f: inp.update.updated for f, inp in families.items()})
 
     def _drift_reason(self, listings: Mapping[IPFamily, TableListing | None]) -> str:
         """What the listing shows that the record does not (before the commit)."""
@@ -366,11 +401,26 @@ class Proxier:
     ) -> None:
         """Step 5: one atomic commit; on success record it, on refusal
         make the next sync full."""
+        self._send(commands, staged, rendered, fresh=full)
+        if full:
+            self._last_full = self.clock()
+        self._heap.committed(full)
+
+    def _send(
+        self,
+        commands: list[Mapping[str, object]],
+        staged: Mapping[IPFamily, Staged],
+        rendered: Mapping[IPFamily, RenderedFamily],
+        *,
+        fresh: bool,
+    ) -> None:
+        """Commit one transaction and record it (`fresh`: on a context freed
+        right after); a refusal asks for a full sync and raises."""
         try:
             # A full sync of a large cluster fills a libnftables cache of
             # hundreds of MB: use a context freed right after (docs/architecture.md, "Edges").
             with self._drift.committing(commands):
-                self.backend.commit(commands, fresh=full)
+                self.backend.commit(commands, fresh=fresh)
         except NftBusy:
             if not self._defer_deletes:
                 # Kernels < 6.2 notice a lost vmap reference asynchronously:
@@ -385,10 +435,7 @@ class Proxier:
         for s in staged.values():
             s.commit()
         for family, r in rendered.items():
-            _record_no_local(self._families[family].no_local, r)
-        if full:
-            self._last_full = self.clock()
-        self._heap.committed(full)
+            self._families[family].no_local.record(r)
 
     def _collect_garbage(self) -> None:
         """Delete the chains and sets earlier commits left flushed (EBUSY)."""
@@ -411,28 +458,21 @@ class Proxier:
             s.commit()
 
     def _report(
-        self, snapshot: SyncInput, ops: int, times: tuple[float, float, float, float]
+        self, snapshot: SyncInput, ops: int, render_s: float, commit_s: float, total_s: float
     ) -> SyncReport:
         """Step 6: what the sync did, as values."""
-        start, t_render, t_commit, end = times
         families = tuple(
             self._family_report(f, snapshot.families[f]) for f in FAMILIES
         )
-        ports: dict[NamespacedName, int] = {}
-        local: dict[NamespacedName, int] = {}
-        for fam in families:
-            ports.update(fam.state.health_check_ports())
-            for svc, count in fam.state.local_ready_endpoints().items():
-                local[svc] = max(local.get(svc, 0), count)
         return SyncReport(
             full=snapshot.full,
             ops=ops,
             families=families,
-            render_seconds=t_commit - t_render,
-            commit_seconds=end - t_commit,
-            total_seconds=end - start,
-            health_check_ports=ports,
-            local_endpoints=local,
+            render_seconds=render_s,
+            commit_seconds=commit_s,
+            total_seconds=total_s,
+            health_check_ports=self._health.health_check_ports,
+            local_endpoints=self._health.local_endpoints,
         )
 
     def _family_report(self, family: IPFamily, inp: FamilyInput) -> FamilySync:
@@ -442,11 +482,11 @@ class Proxier:
             family,
             inp.update,
             inp.state,
-            no_local_internal=sum(1 for i, _ in fam.no_local.values() if i),
-            no_local_external=sum(1 for _, e in fam.no_local.values() if e),
+            no_local_internal=fam.no_local.internal,
+            no_local_external=fam.no_local.external,
             table=TableSizes(
                 chains=len(table.chains),
-                rules=sum(c.size for c in table.chains.values()),
+                rules=table.rule_count,
                 sets=len(table.sets),
                 elements=len(table.index.claims),
             ),
@@ -458,14 +498,3 @@ class Proxier:
                 hook(report)
             except Exception:  # a hook must never break syncing
                 self.log.exception("post-sync hook %s failed", getattr(hook, "__name__", hook))
-
-
-def _record_no_local(counts: dict[ServicePortName, NoLocal], rendered: RenderedFamily) -> None:
-    if rendered.full:
-        counts.clear()
-    for spn, value in rendered.no_local.items():
-        if value is None:
-            counts.pop(spn, None)
-        else:
-            counts[spn] = value
-

@@ -12,7 +12,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from enum import Enum
 
-from nftproxy.core.model import IPFamily, family_of
+from nftproxy.core.model import HostAddresses, IPFamily, NodeInfo, family_of
 
 __all__ = [
     "PRIMARY",
@@ -106,3 +106,21 @@ class ProxyConfig:
         """nodePortAddresses leaves some local address out in some family:
         node ports then follow the host's interface addresses."""
         return not all(self.nodeport_matches_all(f) for f in IPFamily)
+
+    def node_view(self, node: NodeInfo | None, host: HostAddresses | None) -> NodeInfo:
+        """The node a sync renders for: the Node object (or just our name),
+        the --node-ip flags' addresses first, and the host's interface
+        addresses."""
+        base = node or NodeInfo(self.node_name)
+        v4 = tuple(ip for ip in self.node_ips if family_of(ip) is IPFamily.IPV4)
+        v6 = tuple(ip for ip in self.node_ips if family_of(ip) is IPFamily.IPV6)
+        return NodeInfo(
+            name=base.name or self.node_name,
+            ipv4=v4 + tuple(ip for ip in base.ipv4 if ip not in v4),
+            ipv6=v6 + tuple(ip for ip in base.ipv6 if ip not in v6),
+            labels=base.labels,
+            pod_cidrs=base.pod_cidrs,
+            deleting=base.deleting,
+            to_be_deleted=base.to_be_deleted,
+            host_addresses=host,
+        )

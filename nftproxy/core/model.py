@@ -56,7 +56,7 @@ class L4Protocol(str, Enum):
     @property
     def nft(self) -> str:
         """Lower-case name as nft and kube-proxy's chain hashes spell it."""
-        return self.value.lower()
+        return str.lower(self)  # not self.value: an Enum descriptor, slow in the render loop
 
 
 class TrafficPolicy(str, Enum):

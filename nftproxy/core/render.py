@@ -11,7 +11,7 @@ sync_proxy_rules_no_local_endpoints_total gauge): a value, kept by the caller.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from nftproxy.core.config import ProxyConfig
@@ -23,7 +23,15 @@ from nftproxy.core.rules.service import RenderContext, render_service_port
 from nftproxy.core.rules.skeleton import render_skeleton
 from nftproxy.core.tracker import StateSnapshot
 
-__all__ = ["NoLocal", "RenderedFamily", "render_changed", "render_full"]
+__all__ = [
+    "NoLocal",
+    "RenderedFamily",
+    "chunks",
+    "render_changed",
+    "render_fresh",
+    "render_full",
+    "render_skeleton_only",
+]
 
 NoLocal = tuple[bool, bool]
 """(internal, external) traffic policy Local left without a local endpoint."""
@@ -82,6 +90,42 @@ def render_full(
     return RenderedFamily(family, True, fragments, no_local)
 
 
+def render_skeleton_only(
+    state: StateSnapshot, config: ProxyConfig, node: NodeInfo, service_cidrs: Iterable[str]
+) -> RenderedFamily:
+    """The skeleton of `state.family`'s table alone (a full render whose
+    ports come later, chunk by chunk, as `render_changed`)."""
+    family = state.family
+    cidrs = tuple(c for c in service_cidrs if family_of(c) is family)
+    fragments: dict[Owner, Fragment | None] = {
+        SKELETON: render_skeleton(family, config, node, cidrs)
+    }
+    return RenderedFamily(family, True, fragments)
+
+
+def chunks(
+    states: Iterable[StateSnapshot], max_endpoints: int
+) -> Iterator[frozenset[ServicePortName]]:
+    """The service ports of `states` (every family) in sorted groups of
+    about `max_endpoints` endpoints (a port counts at least 1): the size
+    of a transaction follows its endpoints (one rule and one hairpin
+    element each)."""
+    weight: dict[ServicePortName, int] = {}
+    for state in states:
+        for spn in state.services:
+            weight[spn] = weight.get(spn, 0) + max(1, len(state.endpoints.get(spn, ())))
+    group: list[ServicePortName] = []
+    total = 0
+    for spn in sorted(weight):
+        group.append(spn)
+        total += weight[spn]
+        if total >= max_endpoints:
+            yield frozenset(group)
+            group, total = [], 0
+    if group:
+        yield frozenset(group)
+
+
 def render_changed(
     state: StateSnapshot,
     config: ProxyConfig,
@@ -92,3 +136,22 @@ def render_changed(
     ctx = _context(state.family, config, node)
     fragments, no_local = _render_ports(state, ctx, sorted(updated))
     return RenderedFamily(state.family, False, fragments, no_local)
+
+
+def render_fresh(
+    states: Mapping[IPFamily, StateSnapshot],
+    config: ProxyConfig,
+    node: NodeInfo,
+    service_cidrs: Iterable[str],
+    max_endpoints: int,
+) -> Iterator[dict[IPFamily, RenderedFamily]]:
+    """A full sync onto absent tables as steps, each one transaction: the
+    skeletons, then the service ports in `chunks` (both families' fragments
+    of a port in the same step). Lazy: a step is rendered when its turn comes."""
+    cidrs = tuple(service_cidrs)
+    yield {f: render_skeleton_only(s, config, node, cidrs) for f, s in states.items()}
+    for chunk in chunks(states.values(), max_endpoints):
+        yield {
+            f: render_changed(s, config, node, chunk & s.services.keys())
+            for f, s in states.items()
+        }

@@ -3,10 +3,16 @@
 Layer: dump (pure over the JSON of `nft -j list table`; the CLI reads the
 table through the backend). One job: answer "where does a packet for this
 service go?" from what is actually programmed -- VIPs, node port, policies,
-affinity, source ranges, each endpoint with its KUBE-SEP chain and the
-probability the numgen cascade gives it, and rule counters where present.
-It needs no nftproxy process: everything is recovered from the table
-(element comments name the service port; chain names are recomputed hashes).
+affinity, source ranges (from the shared `firewall-vips` / `firewall-allow`
+sets, per service port, with the port's KUBE-FW-<h>), each endpoint with its
+KUBE-SEP-<h> and the probability the inline numgen cascade of KUBE-SVC/SVL
+gives it, and rule counters where present. It needs no nftproxy process:
+everything is recovered from the table (element comments name the service
+port; chain names are recomputed hashes; kube-proxy's KUBE-SEP / KUBE-FW
+names, no chains in ruleset v2, come from the comments of the DNAT rules
+and of the `firewall-vips` elements). A ruleset v1 table (KUBE-SEP and
+KUBE-FW chains, written by an older nftproxy) is not read for endpoints or
+source ranges; the view says so (`notice`) until a full sync replaces it.
 Addresses: the text brackets an IPv6 address wherever a port follows
 ("[fd00:96::10]:80"); the JSON keeps address and port as separate fields
 (VIPs, endpoints and no-endpoint entries alike).
@@ -22,6 +28,7 @@ from nftproxy.core.address import format_address
 from nftproxy.core.model import L4Protocol, ServicePortName
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
+from nftproxy.core.trace.identity import ENDPOINT, FIREWALL, identity
 
 __all__ = [
     "EndpointView",
@@ -55,9 +62,10 @@ class NoEndpoints(HostPort):
 
 @dataclass
 class EndpointView(HostPort):
-    """One endpoint of a KUBE-SVC/SVL cascade (address "?" when its DNAT is missing)."""
+    """One endpoint of a KUBE-SVC/SVL cascade, named by its KUBE-SEP-<h>
+    (from the DNAT rule's comment; "" when the comment has none)."""
 
-    chain: str = ""
+    identity: str = ""
     probability: float = 0.0
     local_chain: bool = False
     packets: int | None = None
@@ -72,6 +80,8 @@ class ServiceView:
     node_port: int | None = None
     no_endpoints: list[NoEndpoints] = field(default_factory=list)
     source_ranges: list[str] = field(default_factory=list)
+    firewall: str = ""
+    """KUBE-FW-<h> of the port's `firewall-vips` elements ("" without source ranges)."""
     affinity_timeout: int | None = None
     policies: dict[str, str] = field(default_factory=dict)
     chains: list[str] = field(default_factory=list)
@@ -87,6 +97,8 @@ class TableView:
     chains: int
     rules: int
     elements: int
+    notice: str = ""
+    """Why part of the table is not shown (a ruleset v1 table), or ""."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,46 +152,43 @@ def _target(verdict: Any) -> str:
     return str(verdict)
 
 
-def _cascade(rules: Sequence[Mapping[str, Any]], parsed: _Parsed) -> list[EndpointView]:
+def _cascade(rules: Sequence[Mapping[str, Any]]) -> list[EndpointView]:
     """Endpoints of a KUBE-SVC/SVL chain with the probability the cascade
-    gives each (affinity rules are skipped: they only repeat a past choice)."""
+    gives each: every rule that DNATs, but the affinity rules (a lookup of
+    the source in a set: they only repeat a past choice)."""
     out: list[EndpointView] = []
     remaining = 1.0
     for rule in rules:
         exprs = rule.get("expr", [])
-        target = next((e["goto"]["target"] for e in exprs if "goto" in e), None)
-        if not target or not target.startswith("KUBE-SEP-"):
+        dnat = next((e["dnat"] for e in exprs if "dnat" in e), None)
+        if not isinstance(dnat, Mapping) or any(_is_set_lookup(e) for e in exprs):
             continue
-        if any(
-            "match" in e
-            and isinstance(e["match"]["right"], str)
-            and e["match"]["right"].startswith("@")
-            for e in exprs
-        ):
-            continue
-        mod = next(
-            (
-                e["match"]["left"]["numgen"]["mod"]
-                for e in exprs
-                if "match" in e
-                and isinstance(e["match"]["left"], dict)
-                and "numgen" in e["match"]["left"]
-            ),
-            1,
-        )
-        share = remaining / mod
+        share = remaining / _numgen_mod(exprs)
         remaining -= share
-        addr, port = _dnat_target(parsed.chains.get(target, []))
-        out.append(EndpointView(addr, port, target, round(share, 4), packets=_counter(rule)))
+        sep = identity(rule.get("comment"), ENDPOINT)
+        out.append(
+            EndpointView(
+                str(dnat.get("addr", "?")),
+                int(dnat.get("port", 0)),
+                sep,
+                round(share, 4),
+                packets=_counter(rule),
+            )
+        )
     return out
 
 
-def _dnat_target(rules: Iterable[Mapping[str, Any]]) -> tuple[str, int]:
-    for rule in rules:
-        for e in rule.get("expr", []):
-            if "dnat" in e:
-                return str(e["dnat"].get("addr")), int(e["dnat"].get("port", 0))
-    return "?", 0
+def _is_set_lookup(e: Mapping[str, Any]) -> bool:
+    right = e["match"]["right"] if "match" in e else None
+    return isinstance(right, str) and right.startswith("@")
+
+
+def _numgen_mod(exprs: Iterable[Mapping[str, Any]]) -> int:
+    for e in exprs:
+        left = e["match"]["left"] if "match" in e else None
+        if isinstance(left, Mapping) and "numgen" in left:
+            return int(left["numgen"]["mod"])
+    return 1
 
 
 def _counter(rule: Mapping[str, Any]) -> int | None:
@@ -196,7 +205,6 @@ def _collect(parsed: _Parsed, family: str) -> dict[tuple[str, str], ServiceView]
         sk.SERVICE_NODEPORTS,
         sk.NO_ENDPOINT_SERVICES,
         sk.NO_ENDPOINT_NODEPORTS,
-        sk.FIREWALL_IPS,
     ):
         for elem in parsed.sets.get(set_name, {}).get("elem", []):
             key, comment, verdict = _elem_parts(elem)
@@ -213,8 +221,6 @@ def _collect(parsed: _Parsed, family: str) -> dict[tuple[str, str], ServiceView]
                     view.policies["internalTrafficPolicy"] = "Local"
             elif set_name == sk.SERVICE_NODEPORTS:
                 view.node_port = int(key[1])
-            elif set_name == sk.FIREWALL_IPS:
-                view.policies["firewall"] = _target(verdict)
             else:
                 view.no_endpoints.append(NoEndpoints(where.address, where.port, _target(verdict)))
     return views
@@ -226,35 +232,63 @@ def _fill(view: ServiceView, parsed: _Parsed) -> None:
         return
     view.chains = [
         c
-        for c in (
-            names.service_chain(spn),
-            names.local_chain(spn),
-            names.external_chain(spn),
-            names.firewall_chain(spn),
-        )
+        for c in (names.service_chain(spn), names.local_chain(spn), names.external_chain(spn))
         if c in parsed.chains
     ]
-    view.endpoints = _cascade(parsed.chains.get(names.service_chain(spn), []), parsed)
-    view.local_endpoints = _cascade(parsed.chains.get(names.local_chain(spn), []), parsed)
-    view.chains += sorted({e.chain for e in (*view.endpoints, *view.local_endpoints)})
-    ranges = parsed.sets.get(names.firewall_set(spn), {}).get("elem", [])
-    view.source_ranges = [_range_text(r) for r in ranges]
+    view.endpoints = _cascade(parsed.chains.get(names.service_chain(spn), []))
+    view.local_endpoints = _cascade(parsed.chains.get(names.local_chain(spn), []))
+    _source_ranges(view, names.firewall_chain(spn), parsed)
     ext = parsed.chains.get(names.external_chain(spn))
     if ext is not None:
         local = any("fib" in str(r.get("expr")) for r in ext)
         view.policies["externalTrafficPolicy"] = "Local" if local else "Cluster"
     for ep in (*view.endpoints, *view.local_endpoints):
-        aff = parsed.sets.get(ep.chain + "-affinity")
+        aff = parsed.sets.get(ep.identity + "-affinity")
         if aff is not None:
             view.affinity_timeout = int(aff.get("timeout", 0))
+
+
+def _source_ranges(view: ServiceView, fw: str, parsed: _Parsed) -> None:
+    """The port's loadBalancerSourceRanges: the `firewall-allow` ranges of
+    its VIPs, which are the `firewall-vips` elements its KUBE-FW-<h> names."""
+    vips = set()
+    for elem in parsed.sets.get(sk.FIREWALL_VIPS, {}).get("elem", []):
+        key, comment, _ = _elem_parts(elem)
+        if identity(comment, FIREWALL) == fw:
+            vips.add(_key_text(key))
+    if not vips:
+        return
+    view.firewall = fw
+    for elem in parsed.sets.get(sk.FIREWALL_ALLOW, {}).get("elem", []):
+        key, _, _ = _elem_parts(elem)
+        allowed = _range_text(key[-1])
+        if _key_text(key[:-1]) in vips and allowed not in view.source_ranges:
+            view.source_ranges.append(allowed)
+
+
+def _key_text(parts: Sequence[Any]) -> str:
+    """A VIP . protocol . port key, comparable across sets (a one-address
+    range, as an interval set may list it, is the address)."""
+    return " . ".join(_range_text(p) for p in parts)
 
 
 def _range_text(r: Any) -> str:
     if isinstance(r, dict) and "prefix" in r:
         return f"{r['prefix']['addr']}/{r['prefix']['len']}"
     if isinstance(r, dict) and "range" in r:
-        return "-".join(str(x) for x in r["range"])
+        low, high = r["range"]
+        return str(low) if low == high else f"{low}-{high}"
     return str(r)
+
+
+def _v1_notice(parsed: _Parsed) -> str:
+    old = [c for c in parsed.chains if c.startswith(("KUBE-SEP-", "KUBE-FW-"))]
+    if not old and "firewall-ips" not in parsed.sets:
+        return ""
+    return (
+        "ruleset v1 (KUBE-SEP / KUBE-FW chains), written by an older nftproxy: "
+        "endpoints and source ranges are not shown; the next full sync replaces it"
+    )
 
 
 def parse_table(
@@ -270,7 +304,9 @@ def parse_table(
         _fill(view, parsed)
     n_rules = sum(len(r) for r in parsed.chains.values())
     n_elems = sum(len(s.get("elem", [])) for s in parsed.sets.values())
-    return TableView(family, table, selected, len(parsed.chains), n_rules, n_elems)
+    return TableView(
+        family, table, selected, len(parsed.chains), n_rules, n_elems, _v1_notice(parsed)
+    )
 
 
 def render_text(view: TableView) -> str:
@@ -278,6 +314,8 @@ def render_text(view: TableView) -> str:
         f"table {view.family} {view.table}: {view.chains} chains, {view.rules} rules, "
         f"{view.elements} set/map elements"
     ]
+    if view.notice:
+        lines.append(f"  note: {view.notice}")
     for s in view.services:
         lines.append(f"  {s.service} ({s.protocol})")
         if s.vips:
@@ -289,7 +327,7 @@ def render_text(view: TableView) -> str:
         if s.affinity_timeout:
             lines.append(f"    sessionAffinity: ClientIP, timeout {s.affinity_timeout}s")
         if s.source_ranges:
-            lines.append(f"    sourceRanges: {', '.join(s.source_ranges)}")
+            lines.append(f"    sourceRanges: {', '.join(s.source_ranges)}  ({s.firewall})")
         for n in s.no_endpoints:
             lines.append(f"    no endpoints: {n.text()} -> {n.verdict}")
         for label, eps in (("endpoints", s.endpoints), ("local endpoints", s.local_endpoints)):
@@ -297,6 +335,6 @@ def render_text(view: TableView) -> str:
                 lines.append(f"    {label}:")
             for ep in eps:
                 pk = f"  packets={ep.packets}" if ep.packets is not None else ""
-                lines.append(f"      {ep.text():<28} {ep.probability:>7.2%}  {ep.chain}{pk}")
+                lines.append(f"      {ep.text():<28} {ep.probability:>7.2%}  {ep.identity}{pk}")
         lines.append(f"    chains: {', '.join(s.chains)}")
     return "\n".join(lines)

@@ -8,9 +8,11 @@ has under the configured local-traffic detector); get the tables, either
 from a backend (the live tables, as `nftproxy dump` reads them) or from
 manifests (`planned_tables`: the transaction `sync --dry-run` would commit,
 applied to an in-memory FakeBackend and listed back: no root, no kernel);
-and print the trace: a summary line per path (probability, endpoint and
-its KUBE-SEP chain, masquerade or not and why, or the drop / reject and
-why), then every hook, chain and rule on the way -- the part all paths
+and print the trace: the service port with its KUBE-FW/EXT/SVC/SVL names,
+a summary line per path (probability, endpoint and its KUBE-SEP-<h> --
+kube-proxy's names, which ruleset v2 keeps in comments -- masquerade or not
+and why, or the drop / reject and why), then every hook, chain and rule on
+the way -- the part all paths
 share once, then each path's own part. `--live` hands over to
 tools/trace_live.py (the kernel's own trace of real packets).
 """
@@ -192,11 +194,14 @@ def render_text(result: Trace) -> str:
 
 
 def _services(paths: Sequence[Path]) -> list[str]:
+    """Per service port, kube-proxy's chain names in the order a packet
+    meets them (KUBE-FW-<h>: the source-range check, then the chains)."""
     seen: dict[str, list[str]] = {}
     for p in paths:
         if p.service:
             chains = seen.setdefault(p.service, [])
-            chains += [c for c in p.chains if c not in chains]
+            named = (p.firewall, *p.chains) if p.firewall else p.chains
+            chains += [c for c in named if c not in chains]
     return [f"  service {s}: {' -> '.join(c) if c else 'no service chain'}"
             for s, c in seen.items()] or ["  no service matched"]
 
@@ -210,7 +215,8 @@ def _summary(path: Path) -> list[str]:
     if path.endpoint is None:
         return [f"{share}{path.delivery} ({path.destination}): {why}"]
     nat = "masqueraded" if path.masquerade else "source kept"
-    out = [f"{share}{path.endpoint.text():<24} {path.endpoint.chain}  {path.delivery}, "
+    name = path.endpoint.identity or path.endpoint.chain
+    out = [f"{share}{path.endpoint.text():<24} {name}  {path.delivery}, "
            f"{nat}: {why}"]
     if path.affinity:
         out.append(f"           {path.affinity}")

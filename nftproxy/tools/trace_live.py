@@ -40,6 +40,7 @@ from nftproxy.core.nft.seam import Backend
 from nftproxy.core.trace import Packet, Ruleset
 from nftproxy.core.trace import syntax as sx
 from nftproxy.core.trace.flow import Step
+from nftproxy.core.trace.identity import ENDPOINT, identity
 from nftproxy.core.trace.ruleset import Rule
 
 __all__ = ["Event", "LiveTrace", "parse_event", "trace_chains"]
@@ -292,7 +293,8 @@ def _record(pk: _Packet, rule: Rule, verdict: str) -> None:
     """What a rule the packet met did to it: DNAT, masquerade, reject."""
     for statement in rule.statements:
         if isinstance(statement, sx.Dnat) and verdict == "accept":
-            pk.dnat = f"{str(statement).removeprefix('dnat to ')} ({rule.chain})"
+            name = identity(rule.comment, ENDPOINT) or rule.chain
+            pk.dnat = f"{str(statement).removeprefix('dnat to ')} ({name})"
         elif isinstance(statement, sx.Masquerade) and verdict == "accept":
             pk.masquerade = True
         elif isinstance(statement, sx.Reject):

@@ -28,10 +28,10 @@ from typing import Any
 
 from nftproxy.core.nft.listing import expr_text
 from nftproxy.core.rules import names
+from nftproxy.core.rules.expr import prefix
 from nftproxy.core.rules.fragment import (
     SELECTORS,
     Chain,
-    CompactChain,
     Element,
     Json,
     Key,
@@ -62,8 +62,15 @@ def _comment(fields: dict[str, Any], comment: str | None) -> dict[str, Any]:
     return fields
 
 
+def _key_part(part: str | int) -> Any:
+    """A key part as JSON: a CIDR text ("10.0.0.0/8", in interval keys)
+    becomes a prefix (a host prefix its address)."""
+    return prefix(part) if isinstance(part, str) and "/" in part else part
+
+
 def _key_json(key: Key) -> Any:
-    return key[0] if len(key) == 1 else {"concat": list(key)}
+    parts = [_key_part(p) for p in key]
+    return parts[0] if len(parts) == 1 else {"concat": parts}
 
 
 def typeof_key(key: tuple[str, ...]) -> Json:
@@ -96,7 +103,7 @@ class Table:
     def add_table(self) -> Json:
         return {"add": {"table": {"family": self.family, "name": self.name}}}
 
-    def add_chain(self, chain: Chain | CompactChain) -> Json:
+    def add_chain(self, chain: Chain) -> Json:
         fields = self._obj(name=_check_name(chain.name))
         if chain.hook is not None:
             h = chain.hook
@@ -113,7 +120,7 @@ class Table:
         fields = self._obj(chain=chain, expr=list(rule.expr))
         return {"add": {"rule": _comment(fields, rule.comment)}}
 
-    def add_rules(self, chain: Chain | CompactChain) -> list[Json]:
+    def add_rules(self, chain: Chain) -> list[Json]:
         return [self.add_rule(chain.name, r) for r in chain.rules]
 
     def add_set(self, decl: SetDecl) -> Json:

@@ -21,12 +21,17 @@ Command order inside one transaction (docs/nft-python-notes.md §2):
     them flushed and delete them in a later `stage_gc` transaction.
 Affinity sets are dynamic (filled by the datapath): added idempotently, never
 flushed, so a resync keeps every client's affinity.
+
+The state is lean (`CompactFragment`): per chain a digest, no rules. Every
+rule a transaction adds comes from the freshly rendered fragments handed in;
+the state only decides what changed and what to delete.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from nftproxy.core.model import IPFamily, ServicePortName
 from nftproxy.core.nft.listing import ListedSet, TableListing
@@ -57,6 +62,8 @@ __all__ = [
 SKELETON = "skeleton"
 Owner = ServicePortName | str
 ElemId = tuple[str, Key]
+Claims = tuple[tuple[Owner, Element], ...]
+"""Who claims one element and with what, the winner (first owner by name) first."""
 
 
 def _same_key(t: Table, decl: SetDecl, ks: ListedSet) -> bool:
@@ -76,35 +83,51 @@ def _same_declaration(t: Table, decl: SetDecl, ks: ListedSet) -> bool:
     return same and _same_key(t, decl, ks)
 
 
+def _first(claims: Iterable[tuple[Owner, Element]]) -> Claims:
+    """Claims in winner order (a tuple per element: a third of a dict's size)."""
+    out = tuple(claims)
+    return out if len(out) < 2 else tuple(sorted(out, key=lambda c: str(c[0])))
+
+
 class ElementIndex:
     """Who claims which element of the shared maps/sets.
 
-    Two service ports may claim the same key for a moment (one deleted and
-    one created with the same cluster IP in one sync); the owner that sorts
-    first wins, deterministically, and the other takes over when it leaves.
+    Two service ports may claim the same key (one deleted and one created
+    with the same cluster IP in one sync; two ports of one endpoint in
+    `hairpin-endpoints`); the owner that sorts first wins, deterministically,
+    and the next takes over when it leaves.
     """
 
     def __init__(self) -> None:
-        self.claims: dict[ElemId, dict[Owner, Element]] = {}
+        self.claims: dict[ElemId, Claims] = {}
 
     @staticmethod
-    def winner(claims: Mapping[Owner, Element] | None) -> Element | None:
+    def winner(claims: Mapping[Owner, Element]) -> Element | None:
         if not claims:
             return None
         return claims[min(claims, key=str)]
 
     def effective(self, elem_id: ElemId) -> Element | None:
-        return self.winner(self.claims.get(elem_id))
+        claims = self.claims.get(elem_id)
+        return claims[0][1] if claims else None
 
     def replace(self, owner: Owner, old: Iterable[Element], new: Iterable[Element]) -> None:
         for e in old:
-            claims = self.claims.get((e.set_name, e.key))
+            elem_id = (e.set_name, e.key)
+            claims = self.claims.get(elem_id)
             if claims is not None:
-                claims.pop(owner, None)
-                if not claims:
-                    del self.claims[(e.set_name, e.key)]
+                rest = _first(c for c in claims if c[0] != owner)
+                if rest:
+                    self.claims[elem_id] = rest
+                else:
+                    del self.claims[elem_id]
         for e in new:
-            self.claims.setdefault((e.set_name, e.key), {})[owner] = e
+            elem_id = (e.set_name, e.key)
+            claims = self.claims.get(elem_id)
+            if claims is None:
+                self.claims[elem_id] = ((owner, e),)
+            else:
+                self.claims[elem_id] = _first([*(c for c in claims if c[0] != owner), (owner, e)])
 
 
 @dataclass
@@ -121,22 +144,32 @@ class TableState:
     stale_chains: set[str] = field(default_factory=set)
     stale_sets: dict[str, bool] = field(default_factory=dict)
     """Flushed-but-not-deleted objects awaiting stage_gc (set name -> is map)."""
+    rule_count: int = 0
+    """Rules in `chains`, kept as owners are adopted."""
 
     def adopt(self, owner: Owner, fragment: Fragment | CompactFragment | None) -> None:
         fragment = compact(fragment) if fragment is not None else None
         old = self.fragments.pop(owner, None)
         if old is not None:
             for c in old.chains:
-                self.chains.pop(c.name, None)
+                self._drop_chain(c.name)
             for s in old.sets:
                 self.sets.pop(s.name, None)
         if fragment is not None:
             self.fragments[owner] = fragment
-            self.chains.update((c.name, c) for c in fragment.chains)
+            for c in fragment.chains:
+                self._drop_chain(c.name)
+                self.chains[c.name] = c
+                self.rule_count += c.size
             self.sets.update((s.name, s) for s in fragment.sets)
         self.index.replace(
             owner, old.elements if old else (), fragment.elements if fragment else ()
         )
+
+    def _drop_chain(self, name: str) -> None:
+        gone = self.chains.pop(name, None)
+        if gone is not None:
+            self.rule_count -= gone.size
 
     def use_typeof(self, typeof: bool) -> None:
         """Declare sets and maps by typeof from now on, or by datatype: as
@@ -181,7 +214,7 @@ class Staged:
         self.record()
 
 
-def _write_chain(b: _Batch, t: Table, chain: Chain | CompactChain, *, exists: bool) -> None:
+def _write_chain(b: _Batch, t: Table, chain: Chain, *, exists: bool) -> None:
     if exists:
         b.flush.append(t.flush_chain(chain.name))
     b.add_chains.append(t.add_chain(chain))
@@ -233,36 +266,33 @@ def _diff_sets(
     return redeclared
 
 
-def _refs(chain: CompactChain, set_names: set[str]) -> bool:
-    return any(f'"@{s}"' in chain.body for s in set_names)
+class _Change(NamedTuple):
+    """One owner's change: its record, its new record, and the fresh render
+    the commands come from (None: the owner is gone)."""
+
+    old: CompactFragment | None
+    new: CompactFragment | None
+    rendered: Fragment | None
 
 
 def _diff_chains(
-    b: _Batch,
-    state: TableState,
-    old: CompactFragment | None,
-    new: CompactFragment | None,
-    redeclared: set[str],
-    stale: set[str],
-    defer: bool,
+    b: _Batch, t: Table, change: _Change, redeclared: set[str], stale: set[str], defer: bool
 ) -> None:
-    t = state.table
-    old_chains = {c.name: c for c in old.chains} if old else {}
-    for chain in new.chains if new else ():
+    old_chains = {c.name: c for c in change.old.chains} if change.old else {}
+    new_chains = change.rendered.chains if change.rendered else ()
+    records = change.new.chains if change.new else ()
+    for chain, record in zip(new_chains, records, strict=True):
         prev = old_chains.get(chain.name)
         if prev is None:
             existed = chain.name in stale
             stale.discard(chain.name)
             _write_chain(b, t, chain, exists=existed)
-        elif prev != chain or _refs(chain, redeclared):
+        elif prev != record or not redeclared.isdisjoint(record.refs):
             _write_chain(b, t, chain, exists=True)
-    new_names = new.chain_names() if new else frozenset()
+    new_names = change.new.chain_names() if change.new else frozenset()
     for name in old_chains:
         if name not in new_names:
             _remove_chain(b, t, name, defer=defer, stale=stale)
-
-
-_Change = tuple[CompactFragment | None, CompactFragment | None]
 
 
 def _diff_elements(b: _Batch, index: ElementIndex, changes: Mapping[Owner, _Change]) -> int:
@@ -270,15 +300,15 @@ def _diff_elements(b: _Batch, index: ElementIndex, changes: Mapping[Owner, _Chan
     effective changes (a new winner with the same verdict too: its comment
     names the owner, which `dump` reads). Returns the number of element changes."""
     touched: dict[ElemId, dict[Owner, Element]] = {}
-    for owner, (old, new) in changes.items():
+    for owner, (old, new, _) in changes.items():
         for e in old.elements if old else ():
             claims = touched.setdefault(
-                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), {}))
+                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), ()))
             )
             claims.pop(owner, None)
         for e in new.elements if new else ():
             claims = touched.setdefault(
-                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), {}))
+                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), ()))
             )
             claims[owner] = e
     n = 0
@@ -297,20 +327,22 @@ def _diff_elements(b: _Batch, index: ElementIndex, changes: Mapping[Owner, _Chan
 
 def stage_partial(
     state: TableState,
-    desired: Mapping[Owner, Fragment | CompactFragment | None],
+    desired: Mapping[Owner, Fragment | None],
     *,
     defer_deletes: bool = False,
 ) -> Staged:
-    """Plan the changes of the owners in `desired` (None = owner gone)."""
+    """Plan the changes of the owners in `desired` (freshly rendered; None =
+    owner gone)."""
     changes: dict[Owner, _Change] = {}
     for owner, fragment in desired.items():
         new = compact(fragment) if fragment is not None else None
         old = state.fragments.get(owner)
         if old != new:
-            changes[owner] = (old, new)
+            changes[owner] = _Change(old, new, fragment)
     b = _Batch()
     stale, stale_sets = set(state.stale_chains), dict(state.stale_sets)
-    for old, new in changes.values():
+    for change in changes.values():
+        old, new = change.old, change.new
         redeclared = _diff_sets(
             b,
             state.table,
@@ -319,13 +351,13 @@ def stage_partial(
             stale_sets,
             defer_deletes,
         )
-        _diff_chains(b, state, old, new, redeclared, stale, defer_deletes)
+        _diff_chains(b, state.table, change, redeclared, stale, defer_deletes)
     n_elems = _diff_elements(b, state.index, changes)
     commands = b.commands(state.table)
 
     def record() -> None:
-        for owner, (_, new) in changes.items():
-            state.adopt(owner, new)
+        for owner, change in changes.items():
+            state.adopt(owner, change.new)
         state.stale_chains, state.stale_sets = stale, stale_sets
 
     return Staged(commands, record, {"owners": len(changes), "elements": n_elems})
@@ -366,7 +398,7 @@ def _full_chains(
     b: _Batch,
     t: Table,
     kernel: TableListing,
-    desired: Mapping[str, Chain | CompactChain],
+    desired: Mapping[str, Chain],
     stale: set[str],
     defer: bool,
 ) -> None:
@@ -384,12 +416,13 @@ def _full_chains(
 def stage_full(
     state: TableState,
     kernel: TableListing | None,
-    desired: Mapping[Owner, Fragment | CompactFragment],
+    desired: Mapping[Owner, Fragment],
     *,
     defer_deletes: bool = False,
 ) -> Staged:
-    """Rebuild the whole table: everything desired is (re)written, everything
-    else the kernel holds in our table is flushed and deleted."""
+    """Rebuild the whole table from the freshly rendered `desired`:
+    everything desired is (re)written, everything else the kernel holds in
+    our table is flushed and deleted."""
     fresh = TableState(state.family, state.table)
     for owner, fragment in desired.items():
         fresh.adopt(owner, fragment)
@@ -399,10 +432,9 @@ def stage_full(
     chains = {c.name: c for f in desired.values() for c in f.chains}
     _full_chains(b, t, kernel, chains, fresh.stale_chains, defer_deletes)
     _full_sets(b, t, kernel, fresh.sets, fresh.stale_sets, defer_deletes)
-    for elem_id in fresh.index.claims:
-        e = fresh.index.effective(elem_id)
-        if e is not None:
-            b.add_elems.setdefault(e.set_name, []).append(e)
+    for claims in fresh.index.claims.values():
+        e = claims[0][1]
+        b.add_elems.setdefault(e.set_name, []).append(e)
     commands = b.commands(t)
 
     def record() -> None:
@@ -412,6 +444,7 @@ def stage_full(
             fresh.stale_chains,
             fresh.stale_sets,
         )
+        state.rule_count = fresh.rule_count
 
     counts = {"owners": len(desired), "elements": len(fresh.index.claims)}
     return Staged(commands, record, counts)

@@ -32,7 +32,9 @@ __all__ = [
     "mark_is_set",
     "mark_set",
     "masquerade",
+    "match",
     "numgen_zero",
+    "payload",
     "port_match",
     "prefix",
     "reject_icmp",
@@ -54,6 +56,16 @@ def _payload(protocol: str, field: str) -> Json:
 
 def _match(left: Any, right: Any, op: str = "==") -> Json:
     return {"match": {"op": op, "left": left, "right": right}}
+
+
+def payload(family: IPFamily, field: str) -> Json:
+    """`ip saddr` / `ip6 daddr` as an expression (a key part)."""
+    return _payload(_ip(family), field)
+
+
+def match(left: Any, right: Any, op: str = "==") -> Json:
+    """`left op right`, e.g. a concatenation against "@set"."""
+    return _match(left, right, op)
 
 
 def prefix(cidr: str) -> Any:

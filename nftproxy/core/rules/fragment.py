@@ -16,7 +16,9 @@ declares by `typeof` (its `type` declarations crash nft 1.0.6's listing),
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +39,7 @@ __all__ = [
     "SetDecl",
     "Verdict",
     "compact",
+    "compact_chain",
     "datatypes",
 ]
 
@@ -164,26 +167,29 @@ class Fragment:
 
 @dataclass(frozen=True, slots=True)
 class CompactChain:
-    """A chain as the committed state keeps it: its rules as one JSON text.
+    """A chain as the committed state keeps it: a digest of its rules, not
+    the rules.
 
-    Python dicts cost ~1 KB per rule; 10,000 services x 10 endpoints hold
-    ~250,000 rules, so the state of the last commit keeps this form (equal
-    rules give equal text, since renderers are deterministic).
+    Rules as Python dicts cost ~1 KB each, as JSON text ~300 bytes; 10,000
+    services hold ~120,000 rules. The planner only needs to tell whether a
+    newly rendered chain differs (renderers are deterministic: equal rules,
+    equal digest), which sets its rules reference (a chain is rewritten when
+    a set it uses is re-declared), and its size; a changed chain is always
+    rewritten whole from the fresh render, never from this record.
     """
 
     name: str
     hook: BaseHook | None
-    body: str
+    digest: bytes
     size: int
-
-    @property
-    def rules(self) -> tuple[Rule, ...]:
-        return tuple(Rule(tuple(e), c) for e, c in json.loads(self.body))
+    refs: tuple[str, ...] = ()
+    """The named sets and maps its rules reference ("@name"), sorted."""
 
 
 @dataclass(frozen=True, slots=True)
 class CompactFragment:
-    """A Fragment whose chains are CompactChains (see there)."""
+    """A Fragment whose chains are CompactChains (see there); sets and
+    elements as rendered (the planner deletes and re-claims by them)."""
 
     family: IPFamily
     chains: tuple[CompactChain, ...] = ()
@@ -194,15 +200,21 @@ class CompactFragment:
         return frozenset(c.name for c in self.chains)
 
 
-def _compact_chain(chain: Chain | CompactChain) -> CompactChain:
-    if isinstance(chain, CompactChain):
-        return chain
-    body = json.dumps([[list(r.expr), r.comment] for r in chain.rules], separators=(",", ":"))
-    return CompactChain(chain.name, chain.hook, body, len(chain.rules))
+_SET_REF = re.compile(r'"@([^"\\]+)"')
+_DUMPS = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
+def compact_chain(chain: Chain) -> CompactChain:
+    """The chain's record: digest (16 bytes of BLAKE2b over its rules' JSON),
+    size and set references."""
+    text = _DUMPS([[r.expr, r.comment] for r in chain.rules])
+    digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    refs = tuple(sorted(set(_SET_REF.findall(text)))) if '"@' in text else ()
+    return CompactChain(chain.name, chain.hook, digest, len(chain.rules), refs)
 
 
 def compact(fragment: Fragment | CompactFragment) -> CompactFragment:
     if isinstance(fragment, CompactFragment):
         return fragment
-    chains = tuple(_compact_chain(c) for c in fragment.chains)
+    chains = tuple(compact_chain(c) for c in fragment.chains)
     return CompactFragment(fragment.family, chains, fragment.sets, fragment.elements)

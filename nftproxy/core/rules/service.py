@@ -6,10 +6,15 @@ small per-feature renderers, each a pure function of the decisions in
 `PortPlan`. `render_service_port` composes them.
 
 Chains: KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
-KUBE-EXT (external destinations), KUBE-FW (source ranges, pre-DNAT), KUBE-SEP
-(one endpoint). Endpoint choice is the numgen cascade: rule i of n is
-`numgen random mod (n-i) == 0 goto KUBE-SEP-i`, the last a plain goto
-(docs/architecture.md, "The ruleset", explains why not a per-service vmap).
+KUBE-EXT (external destinations). Endpoint choice is the numgen cascade,
+DNATing inline: rule i of n is `numgen random mod (n-i) == 0 [update
+@affinity] meta l4proto P dnat to EP`, the last without numgen; its comment
+names the endpoint by kube-proxy's KUBE-SEP-<h>. Everything else a port
+needs is elements of shared sets and maps: dispatch (service-ips, ...),
+hairpin (endpoint . endpoint), loadBalancerSourceRanges (firewall-vips,
+firewall-allow; KUBE-FW-<h> in the comment). The only per-port sets are
+ClientIP affinity's, one per endpoint as kube-proxy's (docs/architecture.md,
+"The ruleset", has the measurements behind this shape).
 """
 
 from __future__ import annotations
@@ -123,12 +128,6 @@ def _external_elements(p: PortPlan) -> list[Element]:
             out.append(Element(sk.SERVICE_IPS, key, ext, label))
         if not p.has_external:
             out.append(Element(sk.NO_ENDPOINT_SERVICES, key, p.external_verdict, label))
-    if p.uses_fw_chain:
-        fw = Verdict("goto", names.firewall_chain(port.name))
-        out += [
-            Element(sk.FIREWALL_IPS, _key(ip, port, port.port), fw, label)
-            for ip in port.load_balancer_vips
-        ]
     return out
 
 
@@ -163,24 +162,32 @@ def _masquerade_rule(p: PortPlan, ctx: RenderContext) -> list[Rule]:
     return [Rule((*dst, *source, expr.jump(sk.MARK_MASQ)), f"{port.name} cluster IP")]
 
 
+def _endpoint_tail(p: PortPlan, ep: Endpoint, ctx: RenderContext) -> tuple[Json, ...]:
+    """What sending to `ep` does: refresh its affinity entry, then DNAT."""
+    refresh: tuple[Json, ...] = ()
+    if p.port.affinity:
+        refresh = (expr.set_update(ctx.family, names.affinity_set(p.port.name, ep)),)
+    return (*refresh, expr.l4proto(p.port.protocol), expr.dnat(ep.ip, ep.port))
+
+
+def _endpoint_comment(p: PortPlan, ep: Endpoint, what: str = "") -> str:
+    text = f"{p.port.name} -> {ep.address}{what}"
+    return names.tagged(text, names.endpoint_chain(p.port.name, ep))
+
+
 def _chooser_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderContext) -> list[Rule]:
-    """Affinity lookups, then the numgen cascade over `endpoints`."""
-    spn, label = p.port.name, str(p.port.name)
+    """Affinity lookups, then the numgen cascade over `endpoints`, each rule
+    DNATing to its endpoint (named by its KUBE-SEP identity in the comment)."""
     rules: list[Rule] = []
     if p.port.affinity:
         for ep in endpoints:
-            lookup = expr.set_lookup(ctx.family, "saddr", names.affinity_set(spn, ep))
-            rules.append(
-                Rule(
-                    (lookup, expr.goto(names.endpoint_chain(spn, ep))),
-                    f"{label} -> {ep.address} affinity",
-                )
-            )
+            lookup = expr.set_lookup(ctx.family, "saddr", names.affinity_set(p.port.name, ep))
+            tail = _endpoint_tail(p, ep, ctx)
+            rules.append(Rule((lookup, *tail), _endpoint_comment(p, ep, " affinity")))
     n = len(endpoints)
     for i, ep in enumerate(endpoints):
-        target = expr.goto(names.endpoint_chain(spn, ep))
-        stmts = (target,) if i == n - 1 else (expr.numgen_zero(n - i), target)
-        rules.append(Rule(stmts, f"{label} -> {ep.address}"))
+        pick = () if i == n - 1 else (expr.numgen_zero(n - i),)
+        rules.append(Rule((*pick, *_endpoint_tail(p, ep, ctx)), _endpoint_comment(p, ep)))
     return rules
 
 
@@ -227,30 +234,27 @@ def _external_chain(p: PortPlan, ctx: RenderContext) -> list[Chain]:
     return [Chain(names.external_chain(spn), tuple(rules))]
 
 
-def _firewall(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[SetDecl]]:
-    """KUBE-FW drops sources outside loadBalancerSourceRanges; when a range
-    contains a node IP the LB IPs are allowed too (VIP-style LBs loop a node's
-    own request back with the VIP as source)."""
+def _firewall_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
+    """loadBalancerSourceRanges as elements of the shared `firewall-vips` and
+    `firewall-allow` sets (one skeleton rule drops the rest, pre-DNAT); when
+    a range contains a node IP the LB IPs are allowed too (VIP-style LBs
+    loop a node's own request back with the VIP as source)."""
     if not p.uses_fw_chain:
-        return [], []
+        return []
     port, family = p.port, ctx.family
     ranges = list(port.load_balancer_source_ranges)
     if _contains_any(ranges, ctx.node.ips_of(family)):
         ranges += [
             f"{ip}/{32 if family is IPFamily.IPV4 else 128}" for ip in port.load_balancer_vips
         ]
-    set_name = names.firewall_set(port.name)
-    decl = SetDecl.keyed(
-        set_name,
-        (sk.addr_key(family, "saddr"),),
-        flags=("interval",),
-        elements=tuple(expr.prefix(r) for r in _merge(ranges)),
-    )
-    rule = Rule(
-        (expr.set_lookup(family, "saddr", set_name, negate=True), expr.drop()),
-        f"{port.name} loadBalancerSourceRanges",
-    )
-    return [Chain(names.firewall_chain(port.name), (rule,))], [decl]
+    allowed = _merge(ranges)
+    label = f"{names.firewall_chain(port.name)} {port.name}"
+    out: list[Element] = []
+    for vip in port.load_balancer_vips:
+        key = _key(vip, port, port.port)
+        out.append(Element(sk.FIREWALL_VIPS, key, None, label))
+        out += [Element(sk.FIREWALL_ALLOW, (*key, cidr)) for cidr in allowed]
+    return out
 
 
 def _contains_any(cidrs: Sequence[str], ips: Sequence[str]) -> bool:
@@ -270,33 +274,27 @@ def _net(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(cidr, strict=False)
 
 
-def _endpoint_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[SetDecl]]:
-    spn, port = p.port.name, p.port
-    chains: list[Chain] = []
-    sets: list[SetDecl] = []
-    for ep in p.cats.reachable:
-        label = f"{spn} -> {ep.address}"
-        rules = [
-            Rule(
-                (expr.addr_match(ctx.family, "saddr", (ep.ip,)), expr.jump(sk.MARK_MASQ)),
-                f"{label} hairpin",
-            )
-        ]
-        if port.affinity:
-            aff = names.affinity_set(spn, ep)
-            sets.append(
-                SetDecl.keyed(
-                    aff,
-                    (sk.addr_key(ctx.family, "saddr"),),
-                    flags=("timeout",),
-                    timeout=port.affinity_timeout,
-                    dynamic=True,
-                )
-            )
-            rules.append(Rule((expr.set_update(ctx.family, aff),)))
-        rules.append(Rule((expr.l4proto(port.protocol), expr.dnat(ep.ip, ep.port)), label))
-        chains.append(Chain(names.endpoint_chain(spn, ep), tuple(rules)))
-    return chains, sets
+def _hairpin_elements(p: PortPlan) -> list[Element]:
+    """endpoint . endpoint for each reachable endpoint: KUBE-POSTROUTING
+    masquerades a DNATed packet whose source is the endpoint it was sent to."""
+    ips = sorted({ep.ip for ep in p.cats.reachable})
+    return [Element(sk.HAIRPIN_ENDPOINTS, (ip, ip)) for ip in ips]
+
+
+def _affinity_sets(p: PortPlan, ctx: RenderContext) -> list[SetDecl]:
+    """ClientIP affinity: one dynamic timeout set per endpoint (kube-proxy's)."""
+    if not p.port.affinity:
+        return []
+    return [
+        SetDecl.keyed(
+            names.affinity_set(p.port.name, ep),
+            (sk.addr_key(ctx.family, "saddr"),),
+            flags=("timeout",),
+            timeout=p.port.affinity_timeout,
+            dynamic=True,
+        )
+        for ep in p.cats.reachable
+    ]
 
 
 def render_service_port(
@@ -304,11 +302,15 @@ def render_service_port(
 ) -> RenderedPort:
     """The whole fragment of one service port in ctx.family's table."""
     p = plan_port(port, endpoints, ctx)
-    fw_chains, fw_sets = _firewall(p, ctx)
-    ep_chains, aff_sets = _endpoint_chains(p, ctx)
-    chains = (*_policy_chains(p, ctx), *_external_chain(p, ctx), *fw_chains, *ep_chains)
-    elements = (*_cluster_ip_elements(p), *_external_elements(p), *_nodeport_elements(p))
-    fragment = Fragment(ctx.family, chains, (*fw_sets, *aff_sets), elements)
+    chains = (*_policy_chains(p, ctx), *_external_chain(p, ctx))
+    elements = (
+        *_cluster_ip_elements(p),
+        *_external_elements(p),
+        *_nodeport_elements(p),
+        *_firewall_elements(p, ctx),
+        *_hairpin_elements(p),
+    )
+    fragment = Fragment(ctx.family, chains, tuple(_affinity_sets(p, ctx)), elements)
     dropped_int = p.cats.has_any and not p.has_internal
     dropped_ext = p.cats.has_any and not p.has_external and port.externally_accessible
     return RenderedPort(fragment, dropped_int, dropped_ext)

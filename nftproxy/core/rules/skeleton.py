@@ -6,11 +6,13 @@ content reaches the maps only as elements owned by service fragments.
 
 Packet path of a new connection (docs/upstream-nftables-notes.md §1.6):
   filter prerouting/output -110  KUBE-FIREWALL-CHECK: loadBalancerSourceRanges, pre-DNAT
+                                 (firewall-vips / firewall-allow sets)
   nat prerouting/output -100     KUBE-SERVICES: service-ips vmap, then KUBE-NODEPORTS
   filter input/forward/output 0  KUBE-EXTERNAL-SERVICES: no-endpoint reject/drop (post-DNAT)
                                  KUBE-CLUSTER-IPS-CHECK: unknown ports / unallocated IPs
   filter forward 0               KUBE-FORWARD
-  nat postrouting 100            KUBE-POSTROUTING: masquerade marked packets
+  nat postrouting 100            KUBE-POSTROUTING: mark hairpin (hairpin-endpoints),
+                                 masquerade marked packets
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ __all__ = [
     "CLUSTER_IPS",
     "CLUSTER_IPS_CHECK",
     "EXTERNAL_SERVICES",
+    "FIREWALL_ALLOW",
     "FIREWALL_CHECK",
-    "FIREWALL_IPS",
+    "FIREWALL_VIPS",
     "FORWARD",
+    "HAIRPIN_ENDPOINTS",
     "MARK_MASQ",
     "NODEPORTS",
     "NODEPORT_IPS",
@@ -60,7 +64,9 @@ SERVICE_IPS = "service-ips"
 SERVICE_NODEPORTS = "service-nodeports"
 NO_ENDPOINT_SERVICES = "no-endpoint-services"
 NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
-FIREWALL_IPS = "firewall-ips"
+FIREWALL_VIPS = "firewall-vips"
+FIREWALL_ALLOW = "firewall-allow"
+HAIRPIN_ENDPOINTS = "hairpin-endpoints"
 CLUSTER_IPS = "cluster-ips"
 NODEPORT_IPS = "nodeport-ips"
 SERVICE_CIDRS = "service-cidrs"
@@ -151,10 +157,7 @@ def _dispatch_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]
             ),
         ),
         Chain(NODEPORTS, (_rule(expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS)),)),
-        Chain(
-            FIREWALL_CHECK,
-            (_rule(expr.vmap(daddr_key, FIREWALL_IPS), comment="loadBalancerSourceRanges"),),
-        ),
+        Chain(FIREWALL_CHECK, (_source_range_rule(family),)),
         Chain(
             EXTERNAL_SERVICES,
             (
@@ -187,6 +190,31 @@ def _dispatch_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]
     )
 
 
+def _source_range_rule(family: IPFamily) -> Rule:
+    """Drop a new connection to an LB VIP with source ranges from outside them."""
+    vip = expr.concat_daddr_proto_dport(family)
+    with_source = {"concat": [*vip["concat"], expr.payload(family, "saddr")]}
+    return _rule(
+        expr.match(vip, "@" + FIREWALL_VIPS),
+        expr.match(with_source, "@" + FIREWALL_ALLOW, "!="),
+        expr.drop(),
+        comment="loadBalancerSourceRanges",
+    )
+
+
+def _hairpin_rule(family: IPFamily, bit: int) -> Rule:
+    """After DNAT the destination is the chosen endpoint: source == destination
+    (an endpoint . endpoint element) is exactly "the client is the endpoint
+    it was sent to", which kube-proxy masquerades."""
+    pair = {"concat": [expr.payload(family, "saddr"), expr.payload(family, "daddr")]}
+    return _rule(
+        expr.match({"ct": {"key": "status"}}, "dnat", "in"),
+        expr.match(pair, "@" + HAIRPIN_ENDPOINTS),
+        expr.mark_set(bit),
+        comment="hairpin: the client is the endpoint it was sent to",
+    )
+
+
 def _helper_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
     bit = config.masquerade_mark
     forward: list[Rule] = []
@@ -214,6 +242,7 @@ def _helper_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
         Chain(
             POSTROUTING,
             (
+                _hairpin_rule(family, bit),
                 _rule(expr.mark_is_clear(bit), expr.ret()),
                 _rule(expr.mark_clear(bit)),
                 _rule(expr.masquerade()),
@@ -238,9 +267,7 @@ def nodeport_ips(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> tuple
     host = node.host_addresses
     candidates = node.ips_of(family) if host is None else host.of(family)
     chosen = (ipaddress.ip_address(ip) for ip in candidates)
-    return tuple(
-        str(a) for a in chosen if not a.is_loopback and any(a in n for n in nets)
-    )
+    return tuple(str(a) for a in chosen if not a.is_loopback and any(a in n for n in nets))
 
 
 def _maps_and_sets(
@@ -269,10 +296,20 @@ def _maps_and_sets(
             comment="drop or reject node ports with no endpoints",
         ),
         SetDecl.keyed(
-            FIREWALL_IPS,
+            FIREWALL_VIPS,
             three,
-            map="verdict",
-            comment="destinations subject to loadBalancerSourceRanges",
+            comment="LoadBalancer IPs with loadBalancerSourceRanges",
+        ),
+        SetDecl.keyed(
+            FIREWALL_ALLOW,
+            (*three, addr_key(family, "saddr")),
+            flags=("interval",),
+            comment="LoadBalancer IP . allowed source range",
+        ),
+        SetDecl.keyed(
+            HAIRPIN_ENDPOINTS,
+            (addr_key(family, "saddr"), addr_key(family, "daddr")),
+            comment="endpoint . endpoint: hairpin connections",
         ),
         SetDecl.keyed(CLUSTER_IPS, addr, comment="Active ClusterIPs"),
         SetDecl.keyed(

@@ -8,7 +8,8 @@ Modules, bottom up: values (literals and patterns), expressions, syntax
 (statements),
 ruleset (the table), packet (inputs), flow (one branch's state), evaluate
 (expressions, matches, lookups), walk (chains), hooks (the way through
-netfilter), explain (kube-proxy's words), result (output values).
+netfilter), identity (kube-proxy's KUBE-SEP / KUBE-FW names, kept in
+comments), explain (kube-proxy's words), result (output values).
 """
 
 from __future__ import annotations

@@ -110,11 +110,13 @@ def _meta(key: str, flow: Flow) -> Value | None:
 @dataclass(frozen=True, slots=True)
 class MatchOutcome:
     """Values of the left side that make the match `holds`, with their
-    total probability; `element` is the named-set element that matched."""
+    total probability; `element` is the named-set element that matched, for
+    the key `key`."""
 
     holds: bool
     share: Fraction
     element: Element | None = None
+    key: Value | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +137,15 @@ def match(statement: sx.Match, flow: Flow, ruleset: Ruleset) -> list[MatchOutcom
     else:
         candidates = [(p, None) for p in statement.right]
     grouped: dict[tuple[bool, Element | None], Fraction] = {}
+    keys: dict[Element, Value] = {}
     for value, share in evaluate(statement.left, flow):
         found = _found(statement.op, candidates, value)
         holds = False if value is None else (found is not None) != (statement.op == "!=")
         element = found[1] if found is not None and holds else None
+        if element is not None and value is not None:
+            keys.setdefault(element, value)
         grouped[(holds, element)] = grouped.get((holds, element), Fraction(0)) + share
-    return [MatchOutcome(h, s, e) for (h, e), s in grouped.items()]
+    return [MatchOutcome(h, s, e, keys.get(e) if e else None) for (h, e), s in grouped.items()]
 
 
 def _found(

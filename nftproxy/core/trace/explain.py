@@ -4,14 +4,20 @@ Layer: core/trace (pure; reads the KUBE-* names of core/rules). One job:
 turn one ended `Flow` into a `Path`. The walk itself knows nothing of
 Kubernetes; here the rules that acted are recognised by their chains and
 the sets they look up:
-- masquerade: the rule that jumped to the marking chain -- a KUBE-SEP
-  chain (hairpin), a KUBE-SVC/SVL cluster-IP rule with a source condition
-  (off-cluster source) or without one (masqueradeAll), a KUBE-EXT rule
-  (externalTrafficPolicy=Cluster, or the node's own traffic to a Local one);
-- drop / reject: a KUBE-FW chain (loadBalancerSourceRanges), an element of
-  a no-endpoint map (no endpoints -> reject; Local policy without a local
-  endpoint -> drop), the cluster-ips set (an unknown port of a cluster IP)
-  or the service-cidrs set (an unallocated ServiceCIDR address).
+- masquerade: the rule that set the mark -- the hairpin rule of
+  KUBE-POSTROUTING (its `hairpin-endpoints` lookup: the client is the
+  endpoint), or the rule that jumped to the marking chain: a KUBE-SVC/SVL
+  cluster-IP rule with a source condition (off-cluster source) or without
+  one (masqueradeAll), a KUBE-EXT rule (externalTrafficPolicy=Cluster, or
+  the node's own traffic to a Local one);
+- drop / reject: the `firewall-allow` rule of KUBE-FIREWALL-CHECK
+  (loadBalancerSourceRanges), an element of a no-endpoint map (no
+  endpoints -> reject; Local policy without a local endpoint -> drop), the
+  cluster-ips set (an unknown port of a cluster IP) or the service-cidrs set
+  (an unallocated ServiceCIDR address).
+kube-proxy's names that are no chains in ruleset v2 come from comments
+(identity.py): the endpoint's KUBE-SEP-<h> from the comment of the rule that
+DNATed, the port's KUBE-FW-<h> from the `firewall-vips` element matched.
 Anything else is named by its chain and rule, never guessed.
 """
 
@@ -20,27 +26,30 @@ from __future__ import annotations
 from nftproxy.core.address import format_address
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.trace import syntax as sx
-from nftproxy.core.trace.flow import Affinity, Flow, Where
+from nftproxy.core.trace.flow import Affinity, ElementHit, Flow, Where
+from nftproxy.core.trace.identity import ENDPOINT, FIREWALL, identity, split
 from nftproxy.core.trace.result import Endpoint, Path
 from nftproxy.core.trace.ruleset import Rule, Ruleset
 from nftproxy.core.trace.values import Kind, matches, protocol_name
 
 __all__ = ["explain"]
 
-_SERVICE_CHAINS = ("KUBE-FW-", "KUBE-EXT-", "KUBE-SVC-", "KUBE-SVL-")
+_SERVICE_CHAINS = ("KUBE-EXT-", "KUBE-SVC-", "KUBE-SVL-")
 _NO_ENDPOINT_MAPS = (sk.NO_ENDPOINT_SERVICES, sk.NO_ENDPOINT_NODEPORTS)
 
 
 def explain(flow: Flow, rs: Ruleset) -> Path:
     chains = _service_chains(flow)
+    firewall = next((e for e in flow.elements if e.set == sk.FIREWALL_VIPS), None)
     endpoint = None
     if flow.dnat is not None:
         d = flow.dnat
-        endpoint = Endpoint(d.addr, d.port, d.at.chain, d.comment or "")
+        endpoint = Endpoint(d.addr, d.port, d.at.chain, d.comment or "",
+                            identity(d.comment, ENDPOINT))
     masquerade = flow.masquerade is not None
     if flow.verdict == "accept":
         reasons = _masquerade_reasons(flow, rs) if masquerade else _kept_reasons(flow, chains)
-        if any(c.startswith("KUBE-FW-") for c in chains):
+        if firewall is not None:
             reasons += (f"source {flow.saddr} is inside loadBalancerSourceRanges",)
     else:
         reasons = (_stop_reason(flow, rs),)
@@ -49,8 +58,9 @@ def explain(flow: Flow, rs: Ruleset) -> Path:
         verdict=flow.verdict,
         delivery=flow.delivery,
         destination=format_address(str(flow.daddr), flow.dport),
-        service=next((e.comment for e in flow.elements if e.comment), ""),
+        service=_service(flow, firewall),
         chains=chains,
+        firewall=identity(firewall.comment, FIREWALL) if firewall else "",
         endpoint=endpoint,
         masquerade=masquerade,
         reasons=reasons,
@@ -60,10 +70,19 @@ def explain(flow: Flow, rs: Ruleset) -> Path:
     )
 
 
+def _service(flow: Flow, firewall: ElementHit | None) -> str:
+    """The service port a dispatch map's element names; before any (a drop
+    by the source ranges), the one of the `firewall-vips` element."""
+    named = next((e.comment for e in flow.elements if e.verdict and e.comment), None)
+    if named is None and firewall is not None:
+        named = split(firewall.comment)[1]
+    return named or ""
+
+
 def _service_chains(flow: Flow) -> tuple[str, ...]:
-    """KUBE-FW/EXT/SVC/SVL chains entered, in order (a chain whose rules
+    """KUBE-EXT/SVC/SVL chains entered, in order (a chain whose rules
     all let the packet pass shows only as the target of a map element)."""
-    entered = [e.verdict.split()[-1] for e in flow.elements]
+    entered = [e.verdict.split()[-1] for e in flow.elements if e.verdict]
     entered += [s.chain for s in flow.steps]
     ordered = sorted(set(entered), key=lambda c: min(_first_seen(flow, c)))
     return tuple(c for c in ordered if c.startswith(_SERVICE_CHAINS))
@@ -100,16 +119,16 @@ def _looks_up(rule: Rule, set_name: str) -> bool:
 
 
 def _masquerade_reasons(flow: Flow, rs: Ruleset) -> tuple[str, ...]:
-    reasons = [_mark_reason(_rule(rs, m.caller), m.at) for m in flow.marks]
+    reasons = [_mark_reason(_rule(rs, m.caller), _rule(rs, m.at), m.at) for m in flow.marks]
     return tuple(dict.fromkeys(reasons)) or ("masqueraded (no mark was set on the way)",)
 
 
-def _mark_reason(caller: Rule | None, at: Where) -> str:
+def _mark_reason(caller: Rule | None, marking: Rule | None, at: Where) -> str:
+    if marking is not None and _looks_up(marking, sk.HAIRPIN_ENDPOINTS):
+        return "hairpin: the endpoint itself is the source"
     if caller is None:
         return f"marked for masquerade by {at.chain}/rule {at.rule}"
     chain = caller.chain
-    if chain.startswith("KUBE-SEP-"):
-        return "hairpin: the endpoint itself is the source"
     if chain.startswith(("KUBE-SVC-", "KUBE-SVL-")):
         if any(_is_source_match(m) for m in _matches(caller)):
             return "off-cluster source to a cluster IP (not from a pod on this node)"
@@ -139,12 +158,13 @@ def _kept_reasons(flow: Flow, chains: tuple[str, ...]) -> tuple[str, ...]:
 
 def _stop_reason(flow: Flow, rs: Ruleset) -> str:
     at, via = flow.verdict_at, flow.verdict_via
-    if at is not None and at.chain.startswith("KUBE-FW-"):
+    stopped = _rule(rs, at)
+    if stopped is not None and _looks_up(stopped, sk.FIREWALL_ALLOW):
         return f"source {flow.saddr} is outside the service's loadBalancerSourceRanges"
     element = next((e for e in reversed(flow.elements) if e.at in (at, via)), None)
     if element is not None and element.set in _NO_ENDPOINT_MAPS:
         return _no_endpoint_reason(flow, element.set, rs)
-    for rule in (_rule(rs, at), _rule(rs, via)):
+    for rule in (stopped, _rule(rs, via)):
         if rule is not None and _looks_up(rule, sk.CLUSTER_IPS):
             return (f"{flow.daddr} is a cluster IP without port {flow.dport}/"
                     f"{_proto(flow)}: unknown port of a cluster IP")

@@ -2,10 +2,13 @@
 
 Layer: core/trace (pure). One job: the trace's output vocabulary -- per
 path its probability, the verdict (accept / drop / reject) and where an
-accepted packet went, the service port and its KUBE-SVC/SVL/EXT/FW chains,
-the endpoint (DNAT target and KUBE-SEP chain), whether it is masqueraded,
+accepted packet went, the service port, its KUBE-SVC/SVL/EXT chains and the
+KUBE-FW-<h> of its source-range check, the endpoint (DNAT target, the chain
+that DNATed and the endpoint's KUBE-SEP-<h>), whether it is masqueraded,
 the reasons, the affinity note, and every step on the way -- and their JSON
-form (probabilities as fractions and as floats).
+form (probabilities as fractions and as floats). KUBE-SEP-<h> and
+KUBE-FW-<h> are kube-proxy's chain names, which ruleset v2 keeps in
+comments (identity.py): what an operator finds in `iptables-save`.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ __all__ = ["Endpoint", "Path", "Trace"]
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """The DNAT target of a path and the KUBE-SEP chain that chose it."""
+    """The DNAT target of a path, the chain whose rule DNATed (KUBE-SVC /
+    KUBE-SVL), and the endpoint's kube-proxy name KUBE-SEP-<h> from that
+    rule's comment ("" when the comment has none)."""
 
     address: str
     port: int | None
     chain: str
     comment: str = ""
+    identity: str = ""
 
     def text(self) -> str:
         return format_address(self.address, self.port) if self.port else self.address
@@ -47,7 +53,7 @@ class Path:
     service: str
     """The service port ("ns/name:port") of the map element that matched, or ""."""
     chains: tuple[str, ...]
-    """The service's chains on the way (KUBE-FW/EXT/SVC/SVL), in order."""
+    """The service's chains on the way (KUBE-EXT/SVC/SVL), in order."""
     endpoint: Endpoint | None
     masquerade: bool
     reasons: tuple[str, ...]
@@ -55,6 +61,9 @@ class Path:
     affinity: str
     reject_with: str
     steps: tuple[Step, ...]
+    firewall: str = ""
+    """KUBE-FW-<h> of the port whose loadBalancerSourceRanges checked the
+    packet (a `firewall-vips` element matched), allowed or dropped; or ""."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +74,7 @@ class Path:
             "destination": self.destination,
             "service": self.service,
             "chains": list(self.chains),
+            "firewall": self.firewall,
             "endpoint": None if self.endpoint is None else _endpoint_json(self.endpoint),
             "masquerade": self.masquerade,
             "reasons": list(self.reasons),
@@ -101,7 +111,8 @@ class Trace:
 
 
 def _endpoint_json(ep: Endpoint) -> dict[str, Any]:
-    return {"address": ep.address, "port": ep.port, "chain": ep.chain, "comment": ep.comment}
+    return {"address": ep.address, "port": ep.port, "chain": ep.chain,
+            "identity": ep.identity, "comment": ep.comment}
 
 
 def _step_json(step: Step) -> dict[str, Any]:

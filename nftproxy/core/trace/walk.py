@@ -20,7 +20,7 @@ from enum import Enum
 from fractions import Fraction
 
 from nftproxy.core.trace import syntax as sx
-from nftproxy.core.trace.evaluate import evaluate, lookup, match
+from nftproxy.core.trace.evaluate import MatchOutcome, evaluate, lookup, match
 from nftproxy.core.trace.flow import Affinity, Dnat, ElementHit, Flow, MarkSet, Where
 from nftproxy.core.trace.ruleset import Rule, Ruleset
 from nftproxy.core.trace.values import value_text
@@ -109,12 +109,32 @@ class _Rule:
         for o in match(statement, flow, self.rs):
             branch = flow.scaled(o.share)
             if not o.holds:
+                if shown:  # the rule is on the screen: say why it stops here
+                    branch = branch.step(self.rule.chain, self.rule.index, f"no match: {statement}")
                 out.append((branch, Signal.NEXT))
                 continue
+            seen = shown
             if o.element is not None and isinstance(statement.right, sx.SetRef):
                 branch = self._pinned(statement.right.name, o.element.expires, branch)
-            out += self._from(k + 1, branch, share * o.share, shown)
+                if o.element.comment:
+                    branch, seen = self._named(statement, o, branch, share * o.share, shown), True
+            out += self._from(k + 1, branch, share * o.share, seen)
         return out
+
+    def _named(
+        self, statement: sx.Match, o: MatchOutcome, flow: Flow, share: Fraction, shown: bool
+    ) -> Flow:
+        """A set element with a comment matched (`firewall-vips`: the
+        KUBE-FW-<h> of the port): shown after the rule, kept for explain."""
+        assert isinstance(statement.right, sx.SetRef) and o.element is not None
+        name = statement.right.name
+        key = "?" if o.key is None else value_text(o.key, sx.kinds_of(statement.left))
+        if not shown:
+            flow = flow.step(self.rule.chain, self.rule.index, self.rule.text(),
+                             self.rule.comment, share if share != 1 else None)
+        hit = ElementHit(name, key, "", o.element.comment, self.where)
+        return flow.with_(elements=(*flow.elements, hit)).step(
+            self.rule.chain, self.rule.index, f"@{name}: {key}", o.element.comment)
 
     def _pinned(self, name: str, expires: int | None, flow: Flow) -> Flow:
         info = self.rs.set_info(name)

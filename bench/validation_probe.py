@@ -1,0 +1,119 @@
+"""What one small commit costs in the product's own table, by kind.
+
+Layer: bench tooling. One job: split a partial sync's commit cost into the
+libnftables cache tax and the kernel's table validation. The kernel
+re-validates a table's whole chain graph (every base chain, every rule,
+every element of a verdict map they reach) when a transaction adds a
+rule with a verdict/NAT expression or a goto/jump element; a transaction
+of plain set elements (or data-map elements) is not validated. Loads the
+product's table (10,000 x 10 by default) in a throwaway namespace, then
+times, R times each, transactions that add and remove again:
+
+- `plain_elem`: one element of `hairpin-endpoints` (a plain set);
+- `goto_elem`:  one `service-ips` element -> an existing KUBE-SVC chain;
+- `chain_rule`: one new chain with one dnat rule (and its deletion);
+- `rewrite`:    flush one existing KUBE-SVC chain and add its rules again
+                (what "change one endpoint" sends).
+
+    python bench/validation_probe.py [--size 10000x10] [--reps 15] [--no-affinity]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import benchlib as bl
+
+BENCH = "validation_probe"
+
+
+def _timed(backend: Any, commands: list[dict[str, Any]]) -> float:
+    t0 = time.perf_counter()
+    backend.commit(commands)
+    return time.perf_counter() - t0
+
+
+def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str, Any]:
+    elem = {
+        **table,
+        "name": "hairpin-endpoints",
+        "elem": [{"concat": ["10.255.0.1", "10.255.0.1"]}],
+    }
+    key = {"concat": ["10.254.0.1", "tcp", 9]}
+    goto = {**table, "name": "service-ips", "elem": [[key, {"goto": {"target": svc_chain}}]]}
+    probe = {**table, "name": "KUBE-PROBE"}
+    rule = {
+        **table,
+        "chain": "KUBE-PROBE",
+        "expr": [
+            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+            {"dnat": {"addr": "10.255.0.1", "port": 80}},
+        ],
+    }
+    chain = {**table, "name": svc_chain}
+    return {
+        "plain_elem": ([{"add": {"element": elem}}], [{"delete": {"element": elem}}]),
+        "goto_elem": (
+            [{"add": {"element": goto}}],
+            [{"delete": {"element": {**goto, "elem": [key]}}}],
+        ),
+        "chain_rule": (
+            [{"add": {"chain": probe}}, {"add": {"rule": rule}}],
+            [{"flush": {"chain": probe}}, {"delete": {"chain": probe}}],
+        ),
+        "rewrite": (
+            [{"flush": {"chain": chain}}, *({"add": {"rule": r}} for r in rules)],
+            None,
+        ),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="10000x10")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--no-affinity", action="store_true", help="the mix without affinity")
+    args = ap.parse_args()
+    bl.require_root()
+    from nftproxy.core.model import IPFamily
+    from nftproxy.core.rules import names
+    from nftproxy.kernel.libnftables import NftBackend
+
+    n, e = (int(x) for x in args.size.split("x"))
+    shape = bl.ClusterShape(n, e, affinity=not args.no_affinity)
+    services, slices = bl.make_cluster(shape)
+    with bl.bench_netns("valid") as ns, NftBackend(netns=ns) as backend:
+        proxier = bl.make_proxier(backend)
+        bl.feed(proxier, services, slices)
+        proxier.sync()
+        table = {"family": "ip", "table": "nftproxy"}
+        state = proxier.table_state(IPFamily.IPV4)
+        spn = next(o for o in sorted(state.fragments, key=str) if not isinstance(o, str))
+        svc_chain = names.service_chain(spn)
+        listed = backend.run_json({"list": {"chain": {**table, "name": svc_chain}}})
+        rules = [
+            {k: v for k, v in o["rule"].items() if k != "handle"}
+            for o in listed["nftables"]
+            if "rule" in o
+        ]
+        lib = bl.machine_info().get("libnftables1", "?")
+        bl.progress(f"{shape.label}: loaded; probing in {svc_chain} ({len(rules)} rules)")
+        for case, (do, undo) in _cases(table, svc_chain, rules).items():
+            times = []
+            for _ in range(args.reps):
+                times.append(_timed(backend, do))
+                if undo:
+                    backend.commit(undo)
+            s = bl.summary(times, 1000)
+            bl.emit(BENCH, f"{shape.label}/{case}", commit_ms=s, libnftables=lib)
+            bl.progress(
+                f"{lib} {shape.label} {case:11} p50 {s['p50']:.1f} ms p90 {s['p90']:.1f} ms"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
