@@ -24,26 +24,57 @@ from nftproxy.core.model import (
     Endpoint,
     IPFamily,
     L4Protocol,
+    LoadBalancerIngress,
     NodeInfo,
     ServicePort,
     ServicePortName,
+    SessionAffinity,
+    TrafficPolicy,
 )
+from nftproxy.core.rules import names
 from nftproxy.core.rules.detect import local_detector
 from nftproxy.core.rules.fragment import Chain, Fragment, Key, Rule, Verdict
 from nftproxy.core.rules.service import RenderContext, RenderedPort, render_service_port
 
 __all__ = [
+    "AFFINITY",
+    "CIP",
     "CONFIG",
+    "EIP",
+    "EP1",
+    "EP2",
+    "EP3",
+    "ETP_LOCAL",
+    "EXT",
+    "FW",
+    "ITP_LOCAL",
+    "LB",
+    "LB_RANGES",
+    "LOCAL",
+    "LOCAL_AND_REMOTE",
+    "MASQ",
     "NODE",
+    "NODEPORT",
+    "REMOTE",
+    "SVC",
+    "SVC1",
+    "SVL",
+    "Elements",
     "chain_of",
     "context",
+    "dispatch",
+    "dnat_to",
     "elements_of",
     "endpoint",
+    "hairpin",
+    "labels",
     "render",
     "rules_of",
+    "sep",
     "service_port",
     "spn",
     "text",
+    "to",
 ]
 
 NODE = NodeInfo(
@@ -128,6 +159,88 @@ def chain_of(fragment: Fragment, name: str) -> Chain:
 
 def elements_of(fragment: Fragment, set_name: str) -> dict[Key, Verdict | None]:
     return {e.key: e.verdict for e in fragment.elements if e.set_name == set_name}
+
+
+# --- the service-port tests' named ports, chains and readings -------------------
+# (tests/test_rules_service*.py write their cases in these words)
+
+LOCAL = TrafficPolicy.LOCAL
+EP1, EP2, EP3 = "10.180.0.1", "10.180.0.2", "10.180.0.3"
+CIP = "172.30.0.41"
+EIP = "192.168.99.22"
+LB = "1.2.3.4"
+MASQ = "jump KUBE-MARK-MASQ"
+
+SVC1 = service_port()
+SVC = names.service_chain(SVC1.name)
+SVL = names.local_chain(SVC1.name)
+EXT = names.external_chain(SVC1.name)
+FW = names.firewall_chain(SVC1.name)
+NODEPORT = service_port(node_port=3001)
+LB_RANGES = service_port(
+    load_balancer_ingress=(LoadBalancerIngress(LB),),
+    load_balancer_source_ranges=("203.0.113.0/25",),
+)
+ETP_LOCAL = service_port(
+    node_port=3001,
+    external_ips=(EIP,),
+    load_balancer_ingress=(LoadBalancerIngress(LB),),
+    external_traffic_policy=LOCAL,
+)
+ITP_LOCAL = service_port(internal_traffic_policy=LOCAL)
+AFFINITY = service_port(session_affinity=SessionAffinity.CLIENT_IP, affinity_timeout=600)
+REMOTE = (endpoint(EP1),)
+LOCAL_AND_REMOTE = (endpoint(EP1, local=True), endpoint(EP2))
+
+Elements = dict[str, dict[tuple[Any, ...], Any]]
+"""set name -> {key: verdict label (None in plain sets)}."""
+
+
+def to(ip: str, port: int = 80, protocol: str = "tcp") -> str:
+    """What a cascade rule ends with when it sends to ip:port."""
+    return f"meta l4proto {protocol} dnat to {ip}:{port}"
+
+
+def sep(ip: str, port: ServicePort = SVC1, number: int = 80) -> str:
+    """kube-proxy's KUBE-SEP-<h> of endpoint ip:number of `port`."""
+    return names.endpoint_chain(port.name, endpoint(ip, number))
+
+
+def labels(port: ServicePort) -> dict[str, str]:
+    """Chain name -> short label: SVC, SVL, EXT (no KUBE-SEP/KUBE-FW chains in v2)."""
+    spn = port.name
+    return {
+        names.service_chain(spn): "SVC",
+        names.local_chain(spn): "SVL",
+        names.external_chain(spn): "EXT",
+        "KUBE-REJECT": "KUBE-REJECT",
+    }
+
+
+def _verdict_label(v: Verdict | None, lab: Mapping[str, str]) -> str | None:
+    if v is None:
+        return None
+    return f"{v.kind} {lab[v.target]}" if v.target else v.kind
+
+
+def dispatch(fragment: Fragment, lab: Mapping[str, str]) -> Elements:
+    """set name -> {key: verdict label (None in plain sets)}, for every element."""
+    out: Elements = {}
+    for e in fragment.elements:
+        out.setdefault(e.set_name, {})[e.key] = _verdict_label(e.verdict, lab)
+    return out
+
+
+def hairpin(*ips: str) -> Elements:
+    """The hairpin-endpoints elements of endpoints `ips` (each paired with itself)."""
+    return {"hairpin-endpoints": {(ip, ip): None for ip in ips}}
+
+
+def dnat_to(rule: Rule) -> str:
+    """The ip:port ([ip6]:port) the rule DNATs to; every chooser rule has one."""
+    (dnat,) = [s["dnat"] for s in rule.expr if "dnat" in s]
+    addr = dnat["addr"]
+    return f"{f'[{addr}]' if ':' in addr else addr}:{dnat['port']}"
 
 
 # --- reading rules ------------------------------------------------------------

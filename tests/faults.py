@@ -215,6 +215,46 @@ class UdpFlow(Background):
         self.sock.close()
 
 
+def service_shapes(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per cluster IP in `service-ips` of a listed table (libnftables JSON):
+    (the dnat rules of the chain it goes to, how many of their endpoints have
+    their hairpin element) -- a whole service of n endpoints is (n, n)."""
+    objs = [next(iter(o.items())) for o in doc.get("nftables", ())]
+    sets = {o["name"]: o.get("elem", []) for k, o in objs if k in ("set", "map")}
+    dnats: dict[str, list[str]] = {}
+    for kind, o in objs:
+        if kind == "rule":
+            dnats.setdefault(o["chain"], []).extend(
+                e["dnat"]["addr"] for e in o["expr"] if "dnat" in e)
+    hairpin = {e["concat"][0] for e in sets.get("hairpin-endpoints", [])}
+    out = {}
+    for key, verdict in sets.get("service-ips", []):
+        val = key["elem"]["val"] if "elem" in key else key
+        eps = dnats.get(verdict["goto"]["target"], [])
+        out[val["concat"][0]] = (len(eps), sum(ep in hairpin for ep in eps))
+    return out
+
+
+class ServiceWatcher(Background):
+    """Another process listing our ip table, again and again: the shape of
+    every service in each listing (None: no table)."""
+
+    def __init__(self, ns: str) -> None:
+        super().__init__()
+        self.ns = ns
+        self.seen: list[dict[str, tuple[int, int]] | None] = []
+
+    def step(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            out = kernel.nft(self.ns, "-j", "list", "ruleset")
+            doc = {"nftables": [o for o in json.loads(out)["nftables"]
+                                if next(iter(o.values())).get("family") == "ip"
+                                and TABLE in (next(iter(o.values())).get("table"),
+                                              next(iter(o.values())).get("name"))]}
+            has_table = any("table" in o for o in doc["nftables"])
+            self.seen.append(service_shapes(doc) if has_table else None)
+
+
 class Watcher(Background):
     """Another process listing the ruleset, again and again, while the
     agent starts: every listing it saw."""

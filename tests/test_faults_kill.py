@@ -22,6 +22,7 @@ from faults import (
     CIDRS,
     NODE,
     AgentProcess,
+    ServiceWatcher,
     Watcher,
     big_cluster,
     counts,
@@ -42,19 +43,14 @@ def test_a_sigkill_during_the_first_full_commit_never_shows_half_a_table(
     netns: str, tmp_path: Path
 ) -> None:
     """The first full sync onto absent tables commits the skeleton, then the
-    services in chunks of ~5,000 endpoints (agent/proxier.py); 2,000 services
-    x 2 endpoints are one chunk. So a listing shows nothing, the skeleton
-    alone, or everything -- never part of a chunk."""
-    empty = tmp_path / "empty.json"
-    big_cluster(empty, 0)
-    _sync_once(netns, empty)
-    skeleton = counts(netns)  # the tables with no service
-    drop_tables(netns)
+    services in chunks of ~2,000 endpoints (agent/proxier.py). So a listing
+    shows nothing, or the tables with some services each whole (all its
+    endpoints' DNAT rules and hairpin elements) and none half there; an
+    agent killed in between leaves that, and its restart converges."""
     path = tmp_path / "cluster.json"
     big_cluster(path, 2000)
     _sync_once(netns, path)
     want, complete = tables(netns), counts(netns)  # what one full sync builds
-    absent = {"ip": None, "ip6": None}
     assert complete["ip"] is not None and complete["ip"][0] > 2000
     drop_tables(netns)
 
@@ -75,7 +71,7 @@ def test_a_sigkill_during_the_first_full_commit_never_shows_half_a_table(
     for k in range(runs):
         drop_tables(netns)
         at = max(0.0, window[0] - 0.3 + (window[1] - window[0] + 0.6) * k / (runs - 1))
-        with Watcher(netns) as watcher:
+        with Watcher(netns) as watcher, ServiceWatcher(netns) as shapes:
             agent = AgentProcess(netns, path)
             try:
                 agent.wait_line("agent started")
@@ -84,9 +80,10 @@ def test_a_sigkill_during_the_first_full_commit_never_shows_half_a_table(
                 assert agent.stop(signal.SIGKILL) == -signal.SIGKILL
             time.sleep(0.3)
         outcomes.append(counts(netns) == complete)
-        assert watcher.seen, "the watcher saw nothing"
-        half = [seen for seen in watcher.seen if seen not in (absent, skeleton, complete)]
-        assert not half, f"a listing showed half a table: {half[:3]} (complete: {complete})"
+        assert watcher.seen and shapes.seen, "the watchers saw nothing"
+        half = [(ip, shape) for seen in shapes.seen if seen for ip, shape in seen.items()
+                if shape != (2, 2)]
+        assert not half, f"a listing showed half a service: {half[:3]}"
 
         restarted = AgentProcess(netns, path)  # converges, whatever the kill left
         try:
@@ -96,5 +93,5 @@ def test_a_sigkill_during_the_first_full_commit_never_shows_half_a_table(
             assert restarted.stop(signal.SIGTERM) == 0
     print(f"\n(a) first full commit {commit * 1000:.0f} ms, "
           f"{window[0]:.2f}-{window[1]:.2f}s after start; {runs} SIGKILLs around it: "
-          f"table complete after {sum(outcomes)}, absent after {runs - sum(outcomes)}; "
-          "every listing seen was absent, the skeleton or complete, every restart converged")
+          f"table complete after {sum(outcomes)}, not yet after {runs - sum(outcomes)}; "
+          "every listing seen showed whole services only, every restart converged")

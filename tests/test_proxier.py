@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
+from faults import service_shapes
 from feed import intake
 from k8s import endpoint_slice, node, service
 from kernel import canonical
@@ -439,25 +440,6 @@ class Snapshots(Recording):
             self.after.append(self.list_table("ip", "nftproxy") or {"nftables": []})
 
 
-def _services(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-    """Per cluster IP in service-ips: (dnat rules of its chain, its endpoints'
-    hairpin elements) -- what a whole service has."""
-    objs = [next(iter(o.items())) for o in doc["nftables"]]
-    sets = {o["name"]: o.get("elem", []) for k, o in objs if k in ("set", "map")}
-    dnats: dict[str, list[str]] = {}
-    for kind, o in objs:
-        if kind == "rule":
-            for e in o["expr"]:
-                if "dnat" in e:
-                    dnats.setdefault(o["chain"], []).append(e["dnat"]["addr"])
-    hairpin = {e["concat"][0] for e in sets.get("hairpin-endpoints", [])}
-    out = {}
-    for key, verdict in sets.get("service-ips", []):
-        eps = dnats.get(verdict["goto"]["target"], [])
-        out[key["elem"]["val"]["concat"][0]] = (len(eps), sum(ep in hairpin for ep in eps))
-    return out
-
-
 def test_a_first_full_sync_onto_absent_tables_commits_chunks_of_whole_services(
     clock: Clock,
 ) -> None:
@@ -474,7 +456,7 @@ def test_a_first_full_sync_onto_absent_tables_commits_chunks_of_whole_services(
         assert report.full and report.ops == sum(map(len, backend.sent))
         # the skeleton, then 3 chunks of 2 services (4 endpoints >= 3 each)
         assert len(backend.sent) == 4
-        seen = [_services(doc) for doc in backend.after]
+        seen = [service_shapes(doc) for doc in backend.after]
         assert [len(s) for s in seen] == [0, 2, 4, 6]
         assert all(whole == (2, 2) for s in seen for whole in s.values())
         table = listing(backend)

@@ -76,7 +76,7 @@ from nftproxy.core.tracker import ProxyState, SyncGate
 __all__ = ["Proxier"]
 
 FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
-FRESH_CHUNK_ENDPOINTS = 5000
+FRESH_CHUNK_ENDPOINTS = 2000
 """Endpoints per transaction of a full sync onto absent tables (see above)."""
 
 
