@@ -12,6 +12,9 @@ NewFakeProxier", so cases read like theirs:
 Rules are read through `text()`, a small nft-syntax printer that knows only
 the statement shapes the renderers emit and fails loudly on anything else,
 so assertions say what a rule does rather than how its JSON is spelled.
+The service-port tests (tests/test_rules_service*.py) share the named ports,
+chains and readings (SVC1, ETP_LOCAL, dispatch(), dnat_to(), ...) defined
+here in the section that names them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,283 @@
+"""One service port -> its fragment (nftproxy.core.rules.service): the endpoints.
+
+Aspects, each in kube-proxy's words (docs/kube-proxy-semantics.md,
+upstream-nftables-notes.md §1.5-§1.15), in ruleset v2's shapes:
+- the numgen cascade DNATs inline, uniform over the endpoints, in endpoint
+  order, with the service's protocol; each rule names its endpoint by
+  kube-proxy's KUBE-SEP-<h> in its comment (within nft's 128 bytes);
+- hairpin: an (endpoint . endpoint) element per reachable endpoint;
+- IPv6 ports: ip6 matches, bracketed DNAT addresses, ipv6_addr affinity sets;
+- session affinity: lookup, refresh, DNAT per endpoint before the cascade.
+Rules are read through builders.text() (nft syntax; fails on unknown shapes);
+dispatch, masquerade and the renderer meta-test live in test_rules_service.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+
+import pytest
+from builders import (
+    AFFINITY,
+    CIP,
+    CONFIG,
+    EP1,
+    EP2,
+    EP3,
+    ETP_LOCAL,
+    ITP_LOCAL,
+    LOCAL_AND_REMOTE,
+    MASQ,
+    NODE,
+    REMOTE,
+    SVC,
+    SVC1,
+    SVL,
+    chain_of,
+    dispatch,
+    dnat_to,
+    elements_of,
+    endpoint,
+    hairpin,
+    labels,
+    render,
+    rules_of,
+    sep,
+    service_port,
+    text,
+    to,
+)
+
+from nftproxy.core.model import Endpoint, IPFamily, L4Protocol, SessionAffinity
+from nftproxy.core.rules import names
+from nftproxy.core.rules import skeleton as sk
+from nftproxy.core.rules.fragment import Rule
+
+# --- the cascade: inline DNAT ------------------------------------------------------
+
+
+def _probabilities(rules: list[Rule]) -> dict[str, Fraction]:
+    """Chance of being DNATed to each endpoint, reading each rule's numgen match:
+    `numgen random mod m == 0` matches with probability 1/m, no match means 1."""
+    reach, out = Fraction(1), dict[str, Fraction]()
+    for rule in rules:
+        p = Fraction(1)
+        for s in rule.expr:
+            if "match" in s and "numgen" in s["match"]["left"]:
+                assert s["match"]["right"] == 0 and s["match"]["op"] == "=="
+                p = Fraction(1, s["match"]["left"]["numgen"]["mod"])
+        target = dnat_to(rule)
+        out[target] = out.get(target, Fraction(0)) + reach * p
+        reach *= 1 - p
+    assert reach == 0, "the last rule of the cascade must always match"
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_cascade_picks_each_endpoint_with_probability_one_over_n(n: int) -> None:
+    eps = tuple(endpoint(f"10.180.0.{i + 1}") for i in range(n))
+    fragment = render(SVC1, eps).fragment
+    cascade = list(chain_of(fragment, SVC).rules[1:])  # after the masquerade rule
+    assert [text(r) for r in cascade] == [
+        *(f"numgen random mod {n - i} 0 {to(ep.ip)}" for i, ep in enumerate(eps[:-1])),
+        to(eps[-1].ip),
+    ]
+    assert _probabilities(cascade) == {ep.address: Fraction(1, n) for ep in eps}
+    assert [r.comment for r in cascade] == [
+        f"ns1/svc1:p80 -> {ep.address} {sep(ep.ip)}" for ep in eps]
+
+
+def test_cascade_follows_endpoint_order_not_arrival_order() -> None:
+    eps = (endpoint(EP3), endpoint(EP1), endpoint(EP2))
+    fragment = render(SVC1, eps).fragment
+    cascade = chain_of(fragment, SVC).rules[1:]
+    assert [dnat_to(r) for r in cascade] == [f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"]
+    assert [str(r.comment).split()[-1] for r in cascade] == [sep(EP1), sep(EP2), sep(EP3)]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "dnat_rule"),
+    [
+        pytest.param(L4Protocol.TCP, f"meta l4proto tcp dnat to {EP1}:8080", id="TCP"),
+        pytest.param(L4Protocol.UDP, f"meta l4proto udp dnat to {EP1}:8080", id="UDP"),
+        pytest.param(L4Protocol.SCTP, f"meta l4proto sctp dnat to {EP1}:8080", id="SCTP"),
+    ],
+)
+def test_endpoint_rule_dnats_with_the_service_protocol(
+    protocol: L4Protocol, dnat_rule: str
+) -> None:
+    """The DNAT is inline in KUBE-SVC; no rule marks hairpin traffic any more
+    (KUBE-POSTROUTING does, from hairpin-endpoints) and no KUBE-SEP chain exists."""
+    port = service_port(protocol=protocol)
+    ep = endpoint(EP1, 8080)
+    fragment = render(port, (ep,)).fragment
+    assert rules_of(fragment, names.service_chain(port.name))[1:] == [dnat_rule]
+    assert {c.name for c in fragment.chains} == {names.service_chain(port.name)}
+    assert elements_of(fragment, "hairpin-endpoints") == {(EP1, EP1): None}
+
+
+def test_endpoint_comments_name_the_endpoint_by_its_kube_sep_identity() -> None:
+    eps = (endpoint(EP1), endpoint(EP2, 8080))
+    fragment = render(AFFINITY, eps).fragment
+    spn, (sep1, sep2) = AFFINITY.name, (sep(EP1, AFFINITY), sep(EP2, AFFINITY, 8080))
+    assert [r.comment for r in chain_of(fragment, SVC).rules[1:]] == [
+        f"{spn} -> {EP1}:80 affinity {sep1}",
+        f"{spn} -> {EP2}:8080 affinity {sep2}",
+        f"{spn} -> {EP1}:80 {sep1}",
+        f"{spn} -> {EP2}:8080 {sep2}",
+    ]
+
+
+def test_endpoint_comments_of_a_maximal_service_keep_the_kube_sep_tag_within_128_bytes() -> None:
+    port = service_port("s" * 63, ns="n" * 63, port_name="p" * 15, family=IPFamily.IPV6,
+                        session_affinity=SessionAffinity.CLIENT_IP)
+    eps = (endpoint("fd00:10:180::ffff:ffff", 65535), endpoint("fd00:10:180::2"))
+    fragment = render(port, eps).fragment
+    rules = chain_of(fragment, names.service_chain(port.name)).rules[1:]
+    comments = [str(r.comment) for r in rules]
+    tags = [names.endpoint_chain(port.name, Endpoint(*_split(dnat_to(r)))) for r in rules]
+    assert tags[:2] == tags[2:]  # the affinity rules, then the cascade, in one order
+    assert set(tags) == {names.endpoint_chain(port.name, ep) for ep in eps}
+    assert all(len(c.encode()) <= names.COMMENT_MAX_BYTES for c in comments)
+    assert all(c.endswith(" " + tag) for c, tag in zip(comments, tags, strict=True))
+    assert all(c.startswith(str(port.name)[:60]) for c in comments)  # still readable
+    assert len(set(comments)) == len(comments)  # affinity and cascade rules stay distinct
+
+
+def _split(address: str) -> tuple[str, int]:
+    """"ip:port" / "[ip6]:port" -> (ip, port)."""
+    ip, _, port = address.rpartition(":")
+    return ip.strip("[]"), int(port)
+
+
+# --- hairpin ---------------------------------------------------------------------
+
+
+def test_hairpin_elements_pair_each_reachable_endpoint_with_itself() -> None:
+    """kube-proxy masquerades a connection whose client is the endpoint it was
+    sent to: every endpoint a chooser can DNAT to is an (ep . ep) element,
+    which the skeleton's first KUBE-POSTROUTING rule matches after DNAT."""
+    eps = (endpoint(EP3, local=True), endpoint(EP1),
+           endpoint(EP2, ready=False, terminating=True, serving=True))  # unused: EP1 is ready
+    fragment = render(ETP_LOCAL, eps).fragment
+    assert elements_of(fragment, "hairpin-endpoints") == {(EP1, EP1): None, (EP3, EP3): None}
+    everything = [r for c in fragment.chains for r in (text(x) for x in c.rules)]
+    assert not any(ip in r and r.endswith(MASQ) for r in everything for ip in (EP1, EP2, EP3))
+    skeleton = sk.render_skeleton(IPFamily.IPV4, CONFIG, NODE)
+    (decl,) = [s for s in skeleton.sets if s.name == "hairpin-endpoints"]
+    assert decl.key == ("ip saddr", "ip daddr")
+    assert rules_of(skeleton, "KUBE-POSTROUTING")[0] == (
+        "ct status dnat ip saddr . ip daddr @hairpin-endpoints meta mark set meta mark | 0x4000")
+
+
+def test_one_element_per_endpoint_ip_however_many_of_its_ports_serve() -> None:
+    eps = (endpoint(EP1, 8080), endpoint(EP1, 9090), endpoint(EP2))
+    fragment = render(SVC1, eps).fragment
+    assert [e.key for e in fragment.elements if e.set_name == "hairpin-endpoints"] == [
+        (EP1, EP1), (EP2, EP2)]
+
+
+# --- IPv6 ------------------------------------------------------------------------
+
+
+def test_ipv6_port_renders_ip6_matches_and_ipv6_addresses() -> None:
+    port = service_port(family=IPFamily.IPV6, node_port=3001)
+    ep = endpoint("fd00:10:180::1")
+    fragment = render(port, (ep,)).fragment
+    cip = "fd00:172:30::41"
+    assert dispatch(fragment, labels(port)) == {
+        "cluster-ips": {(cip,): None},
+        "service-ips": {(cip, "tcp", 80): "goto SVC"},
+        "service-nodeports": {("tcp", 3001): "goto EXT"},
+        **hairpin("fd00:10:180::1"),
+    }
+    assert rules_of(fragment, names.service_chain(port.name)) == [
+        f"ip6 daddr {cip} tcp dport 80 ip6 saddr != fd00:10::/48 {MASQ}",
+        "meta l4proto tcp dnat to [fd00:10:180::1]:80",
+    ]
+    assert chain_of(fragment, names.service_chain(port.name)).rules[1].comment == (
+        f"ns1/svc1:p80 -> [fd00:10:180::1]:80 {names.endpoint_chain(port.name, ep)}")
+    assert fragment.family is IPFamily.IPV6
+
+
+def test_ipv6_affinity_sets_hold_ipv6_addresses() -> None:
+    port = service_port(family=IPFamily.IPV6, session_affinity=SessionAffinity.CLIENT_IP)
+    ep = endpoint("fd00:10:180::1")
+    fragment = render(port, (ep,)).fragment
+    (decl,) = fragment.sets
+    assert decl.type == ("ipv6_addr",)
+    assert rules_of(fragment, names.service_chain(port.name))[1:] == [
+        f"ip6 saddr @{decl.name} update @{decl.name} {{ ip6 saddr }} "
+        "meta l4proto tcp dnat to [fd00:10:180::1]:80",
+        f"update @{decl.name} {{ ip6 saddr }} meta l4proto tcp dnat to [fd00:10:180::1]:80",
+    ]
+
+
+# --- session affinity ------------------------------------------------------------
+
+
+def test_affinity_declares_one_dynamic_timeout_set_per_endpoint() -> None:
+    eps = (endpoint(EP1), endpoint(EP2))
+    fragment = render(AFFINITY, eps).fragment
+    assert {s.name for s in fragment.sets} == {
+        names.affinity_set(AFFINITY.name, ep) for ep in eps}
+    for decl in fragment.sets:
+        assert decl.type == ("ipv4_addr",)
+        assert decl.key == ("ip saddr",)
+        assert decl.map is None
+        assert "timeout" in decl.flags
+        assert decl.timeout == 600
+        assert decl.dynamic
+        assert decl.elements == ()
+
+
+def test_affinity_default_timeout_is_three_hours() -> None:
+    port = service_port(session_affinity=SessionAffinity.CLIENT_IP)
+    (decl,) = render(port, REMOTE).fragment.sets
+    assert decl.timeout == 10800
+
+
+def test_every_rule_that_dnats_records_the_client_for_affinity_first() -> None:
+    """kube-proxy's KUBE-SEP chain did `update @affinity { ip saddr }` before
+    DNAT whichever way it was reached: the affinity hit refreshes the timeout,
+    the cascade pick starts it."""
+    port = service_port(session_affinity=SessionAffinity.CLIENT_IP)
+    fragment = render(port, REMOTE).fragment
+    aff = names.affinity_set(port.name, endpoint(EP1))
+    assert rules_of(fragment, SVC)[1:] == [
+        f"ip saddr @{aff} update @{aff} {{ ip saddr }} {to(EP1)}",
+        f"update @{aff} {{ ip saddr }} {to(EP1)}",
+    ]
+
+
+def test_affinity_lookups_come_after_masquerade_and_before_the_cascade() -> None:
+    eps = (endpoint(EP1), endpoint(EP2))
+    fragment = render(AFFINITY, eps).fragment
+    aff1, aff2 = (names.affinity_set(AFFINITY.name, ep) for ep in eps)
+    assert rules_of(fragment, SVC) == [
+        f"ip daddr {CIP} tcp dport 80 ip saddr != 10.0.0.0/8 {MASQ}",
+        f"ip saddr @{aff1} update @{aff1} {{ ip saddr }} {to(EP1)}",
+        f"ip saddr @{aff2} update @{aff2} {{ ip saddr }} {to(EP2)}",
+        f"numgen random mod 2 0 update @{aff1} {{ ip saddr }} {to(EP1)}",
+        f"update @{aff2} {{ ip saddr }} {to(EP2)}",
+    ]
+    cascade = list(chain_of(fragment, SVC).rules[3:])
+    assert _probabilities(cascade) == {f"{EP1}:80": Fraction(1, 2), f"{EP2}:80": Fraction(1, 2)}
+
+
+def test_affinity_in_kube_svl_looks_up_local_endpoints_only() -> None:
+    port = replace(ITP_LOCAL, session_affinity=SessionAffinity.CLIENT_IP)
+    fragment = render(port, LOCAL_AND_REMOTE).fragment
+    aff1 = names.affinity_set(port.name, endpoint(EP1))
+    assert rules_of(fragment, SVL)[1:] == [
+        f"ip saddr @{aff1} update @{aff1} {{ ip saddr }} {to(EP1)}",
+        f"update @{aff1} {{ ip saddr }} {to(EP1)}",
+    ]
+    assert {s.name for s in fragment.sets} == {aff1}
+
+
+def test_without_affinity_there_are_no_lookups_nor_updates() -> None:
+    fragment = render(SVC1, (endpoint(EP1), endpoint(EP2))).fragment
+    assert not any("@" in r for c in fragment.chains for r in (text(x) for x in c.rules))
+    assert fragment.sets == ()
