@@ -4,6 +4,8 @@ more than MAX_CHUNKS chunks, both families' endpoints counted."""
 
 from __future__ import annotations
 
+import itertools
+
 from builders import endpoint, service_port
 
 from nftproxy.core.model import IPFamily, ServicePort
@@ -28,7 +30,7 @@ def test_chunks_are_sorted_whole_ports_of_about_min_endpoints() -> None:
     assert [len(c) for c in got] == [3, 3, 3, 3]  # 9 endpoints reach 7
     assert sorted(p for c in got for p in c) == sorted(p.name for p in PORTS)
     flat = [sorted(c) for c in got]
-    assert all(a[-1] < b[0] for a, b in zip(flat, flat[1:], strict=False))
+    assert all(a[-1] < b[0] for a, b in itertools.pairwise(flat))
 
 
 def test_a_port_without_endpoints_counts_one_and_families_add_up() -> None:
