@@ -104,19 +104,25 @@ def repairs(agent: Agent, reason: str) -> float:
     return sample(agent, "nftproxy_drift_repairs_total", reason=reason)
 
 
+def our_table(doc: Mapping[str, Any], family: str) -> dict[str, Any] | None:
+    """Our table of `family` out of a listed ruleset (libnftables JSON), as a
+    document of its own; None when it is absent."""
+    items = [
+        item
+        for item in doc["nftables"]
+        for obj in item.values()
+        if obj.get("family") == family and obj.get("table", obj.get("name")) == TABLE
+    ]
+    return {"nftables": items} if any("table" in item for item in items) else None
+
+
 def tables(ns: str) -> dict[str, Any]:
     """Our two tables by family, compared by content (None: absent)."""
     doc = json.loads(kernel.nft(ns, "-j", "list", "ruleset"))
     out: dict[str, Any] = {}
     for family in ("ip", "ip6"):
-        items = [
-            item
-            for item in doc["nftables"]
-            for obj in item.values()
-            if obj.get("family") == family and obj.get("table", obj.get("name")) == TABLE
-        ]
-        present = any("table" in item for item in items)
-        out[family] = kernel.canonical({"nftables": items}) if present else None
+        table = our_table(doc, family)
+        out[family] = kernel.canonical(table) if table is not None else None
     return out
 
 
@@ -246,13 +252,8 @@ class ServiceWatcher(Background):
 
     def step(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError):
-            out = kernel.nft(self.ns, "-j", "list", "ruleset")
-            doc = {"nftables": [o for o in json.loads(out)["nftables"]
-                                if next(iter(o.values())).get("family") == "ip"
-                                and TABLE in (next(iter(o.values())).get("table"),
-                                              next(iter(o.values())).get("name"))]}
-            has_table = any("table" in o for o in doc["nftables"])
-            self.seen.append(service_shapes(doc) if has_table else None)
+            table = our_table(json.loads(kernel.nft(self.ns, "-j", "list", "ruleset")), "ip")
+            self.seen.append(service_shapes(table) if table is not None else None)
 
 
 class Watcher(Background):

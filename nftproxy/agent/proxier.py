@@ -288,26 +288,26 @@ class Proxier:
             rendered = self._render(snapshot)
             staged = self._stage(rendered, listings)
         t_commit = self.clock()
-        commands = [c for s in staged.values() for c in s.commands]
-        self._commit(commands, staged, rendered, full=snapshot.full)
-        return len(commands), t_commit - t_render, self.clock() - t_commit
+        ops = self._commit(staged, rendered, full=snapshot.full)
+        return ops, t_commit - t_render, self.clock() - t_commit
 
     def _build_fresh(self, snapshot: SyncInput) -> tuple[int, float, float]:
         """A full sync onto absent tables, chunk by chunk (module docstring)."""
         ops, render_s, commit_s = 0, 0.0, 0.0
         absent: dict[IPFamily, TableListing | None] = {f: None for f in snapshot.families}
+        states = {f: inp.state for f, inp in snapshot.families.items()}
+        steps = render_fresh(
+            states, self.config, snapshot.node, snapshot.service_cidrs, self._fresh_chunk
+        )
         with self._heap.building(True):
-            states = {f: inp.state for f, inp in snapshot.families.items()}
-            steps = render_fresh(
-                states, self.config, snapshot.node, snapshot.service_cidrs, self._fresh_chunk
-            )
-            for rendered in steps:
-                t_render = self.clock()
+            while True:
+                t_render = self.clock()  # the step is rendered when taken
+                rendered = next(steps, None)
+                if rendered is None:
+                    break
                 staged = self._stage(rendered, absent)
-                commands = [c for s in staged.values() for c in s.commands]
                 t_commit = self.clock()
-                self._send(commands, staged, rendered, fresh=False)
-                ops += len(commands)
+                ops += self._send(staged, rendered, fresh=False)
                 render_s += t_commit - t_render
                 commit_s += self.clock() - t_commit
         self._last_full = self.clock()
@@ -393,29 +393,28 @@ class Proxier:
 
     def _commit(
         self,
-        commands: list[Mapping[str, object]],
         staged: Mapping[IPFamily, Staged],
         rendered: Mapping[IPFamily, RenderedFamily],
         *,
         full: bool,
-    ) -> None:
-        """Step 5: one atomic commit; on success record it, on refusal
-        make the next sync full."""
-        self._send(commands, staged, rendered, fresh=full)
+    ) -> int:
+        """Step 5: one atomic commit (`_send`); returns the number of commands."""
+        ops = self._send(staged, rendered, fresh=full)
         if full:
             self._last_full = self.clock()
         self._heap.committed(full)
+        return ops
 
     def _send(
         self,
-        commands: list[Mapping[str, object]],
         staged: Mapping[IPFamily, Staged],
         rendered: Mapping[IPFamily, RenderedFamily],
         *,
         fresh: bool,
-    ) -> None:
-        """Commit one transaction and record it (`fresh`: on a context freed
-        right after); a refusal asks for a full sync and raises."""
+    ) -> int:
+        """One transaction of both families' commands, recorded once accepted
+        (`fresh`: a throwaway context); a refusal asks for a full sync, raises."""
+        commands = [c for s in staged.values() for c in s.commands]
         try:
             # A full sync of a large cluster fills a libnftables cache of
             # hundreds of MB: use a context freed right after (docs/architecture.md, "Edges").
@@ -436,6 +435,7 @@ class Proxier:
             s.commit()
         for family, r in rendered.items():
             self._families[family].no_local.record(r)
+        return len(commands)
 
     def _collect_garbage(self) -> None:
         """Delete the chains and sets earlier commits left flushed (EBUSY)."""

@@ -156,7 +156,7 @@ def render_fresh(
 ) -> Iterator[dict[IPFamily, RenderedFamily]]:
     """A full sync onto absent tables as steps, each one transaction: the
     skeletons, then the service ports in `chunks` (both families' fragments
-    of a port in the same step). Lazy: a step is rendered when its turn comes."""
+    of a port in the same step). Lazy: a step is rendered when it is taken."""
     cidrs = tuple(service_cidrs)
     yield {f: render_skeleton_only(s, config, node, cidrs) for f, s in states.items()}
     for chunk in chunks(states.values(), min_endpoints):
