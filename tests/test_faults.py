@@ -213,13 +213,14 @@ def test_b_deleted_table_and_flushed_chain_are_repaired_within_sync_period(
 
         kernel.nft(netns, "delete", "table", "ip", TABLE)
         table_took = wait_until(lambda: tables(netns) == want, 3 * period + 10, "table back")
-        assert repairs(agent, "table") == 1
+        # the count follows the commit in the sync thread: wait for it too
+        wait_until(lambda: repairs(agent, "table") == 1, 5, "repair counted")
 
         chain = next(c for c in want["ip"]["chains"] if c.startswith("KUBE-SVC-"))
         kernel.nft(netns, "flush", "chain", "ip", TABLE, chain)
         assert tables(netns) != want
         chain_took = wait_until(lambda: tables(netns) == want, 3 * period + 10, "rules back")
-        assert repairs(agent, "foreign_commit") == 1
+        wait_until(lambda: repairs(agent, "foreign_commit") == 1, 5, "repair counted")
 
         before = sample(agent, full_syncs)
         time.sleep(2 * period + 0.5)
@@ -361,7 +362,7 @@ def test_c_a_persistent_refusal_backs_off_keeps_the_old_rules_and_recovers(
         assert max(gaps) <= period + 2, "the back-off stops at syncPeriod"
         assert sample(agent, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total") == len(
             times)
-        assert repairs(agent, "table") == 1
+        wait_until(lambda: repairs(agent, "table") == 1, 5, "repair counted")
         assert len(attempts) > 20 and all(a.pod == "local1" for a in attempts), attempts
         assert answered(topo, "fd00:96::30") == "local1"
     print(f"\n(c) EPERM: retries {', '.join(f'{g:.1f}s' for g in gaps)} apart; "

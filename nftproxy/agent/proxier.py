@@ -273,10 +273,10 @@ class Proxier:
                 self.request_full_sync()
             raise
         report = self._report(snapshot, ops, render_s, commit_s, self.clock() - start)
-        if drift:
+        self._run_hooks(report)
+        if drift:  # after the hooks: whoever hears of the repair sees the sync recorded
             self._drift.repaired()
             self._on_drift(drift)
-        self._run_hooks(report)
         return report
 
     def _build(
