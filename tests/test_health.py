@@ -6,7 +6,10 @@ deleted, not tainted by the autoscaler); bodies and headers as kube-proxy's;
 service health servers answer 200 only with local endpoints and a healthy
 proxy, carry the endpoint weight header, follow sync() (open, close, move
 ports), and a port that cannot be bound is a warning plus one callback, not
-a crash. HTTP is spoken over 127.0.0.1 ephemeral ports.
+a crash. All service ports are served by one thread, whatever their number;
+a port closed and opened again answers; a stalled client on one service
+does not hold up another's answer; stop() closes every port and ends the
+thread. HTTP is spoken over 127.0.0.1 ephemeral ports.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +25,7 @@ from email.message import Message
 from typing import Any
 
 import pytest
+from test_http import eventually, refused, threads_named
 
 from nftproxy.core.model import NamespacedName, NodeInfo
 from nftproxy.serving.health import (
@@ -307,3 +312,56 @@ def test_a_raising_bind_error_callback_is_logged_not_raised(healthy: Healthy) ->
         s.sync({WEB: taken.getsockname()[1]}, {})
     assert s.serving() == {}
     s.stop()
+
+
+def test_many_service_ports_are_served_by_one_thread(
+    servers: tuple[ServiceHealthServers, list[Any]],
+) -> None:
+    s, _ = servers
+    before = threading.active_count()
+    services = {NamespacedName("ns", f"svc-{i}"): 0 for i in range(50)}  # 0: ephemeral
+    s.sync(services, dict.fromkeys(services, 1))
+    served = s.serving()
+    assert set(served) == set(services)
+    for service, (host, port) in served.items():
+        code, _, body = get(f"http://{host}:{port}/")
+        assert (code, body["service"]["name"]) == (200, service.name)
+    # the answers' threads end; the loop thread stays
+    assert eventually(lambda: threading.active_count() <= before + 1), threading.enumerate()
+    assert threads_named("service-health") == 1
+
+
+def test_a_port_closed_then_opened_again_answers(
+    servers: tuple[ServiceHealthServers, list[Any]],
+) -> None:
+    s, _ = servers
+    port = free_port()
+    s.sync({WEB: port, DB: 0}, {WEB: 1})
+    s.sync({DB: 0}, {})
+    assert refused(port)
+    s.sync({WEB: port, DB: 0}, {WEB: 3})
+    code, headers, _ = get(f"http://127.0.0.1:{port}/")
+    assert (code, headers["X-Load-Balancing-Endpoint-Weight"]) == (200, "3")
+
+
+def test_a_stalled_client_does_not_hold_up_another_service(
+    servers: tuple[ServiceHealthServers, list[Any]],
+) -> None:
+    s, _ = servers
+    s.sync({WEB: 0, DB: 0}, {WEB: 1, DB: 1})
+    addresses = s.serving()
+    with socket.create_connection(addresses[WEB]) as stalled:
+        stalled.sendall(b"GET / HTTP/1.1\r\n")  # and never the rest
+        host, port = addresses[DB]
+        assert get(f"http://{host}:{port}/")[0] == 200  # get() gives up after 5 s
+
+
+def test_stop_closes_every_service_port_and_ends_the_thread(healthy: Healthy) -> None:
+    s = ServiceHealthServers(proxy_healthy=healthy, host="127.0.0.1")
+    s.sync({WEB: 0, DB: 0}, {})
+    ports = [port for _, port in s.serving().values()]
+    assert threads_named("service-health") == 1
+    s.stop()
+    assert s.serving() == {}
+    assert all(refused(port) for port in ports)
+    assert threads_named("service-health") == 0

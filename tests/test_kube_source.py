@@ -10,6 +10,8 @@ without a re-list; a dropped connection is retried within a second, server
 errors back off exponentially, the backoff starts over after a success, and
 a server that ends every watch at once is not hammered; 410 Gone (ERROR
 event or HTTP) re-lists once, at once, and delivers only the difference;
+the store holds every object packed, and the same object in another key
+order is no change (watched or re-listed);
 every informer resumes within 2 s of an API server restart; stop()
 returns promptly; a burst of 1,000 changes with a 410 and a dropped
 connection converges to the server's state. Also the EventRecorder,
@@ -36,6 +38,7 @@ import k8s as build
 import pytest
 from fakeapi import FakeApiServer
 from kubernetes import client as k8s_client
+from test_store import reversed_keys
 
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, Obj
 from nftproxy.cluster.kube import (
@@ -560,6 +563,44 @@ def test_gone_relists_and_delivers_only_the_difference(start: Start, gone_as_htt
         assert rec.synced.count(KIND_ENDPOINT_SLICES) == 1
         assert rec.violations == []
         source.stop()
+
+
+def test_the_store_is_packed_and_key_order_is_no_change(api: FakeApiServer, start: Start) -> None:
+    for name in "ab":
+        api.create(svc(name))
+    api.create(build.endpoint_slice("a", ["10.0.0.1"]))
+    source, rec, _ = start(api)
+    api.wait_watchers("services")
+    for informer in source._informers:  # every object is held as bytes, none as a dict
+        held = [data for _, data in informer.store.items()]
+        assert all(isinstance(data, bytes) for data in held), informer.res.name
+        assert len(held) == informer.stats.objects
+    mark = len(rec.log)
+
+    a = api.get("Service", "a", "ns")
+    assert a is not None
+    api.update(reversed_keys(a))  # a watch event: the same object in another key order
+    api.create(svc("marker"))
+    wait_until(lambda: ("service", "add", "ns/marker") in rec.since(mark))
+    api.pause_watches()
+    b = api.get("Service", "b", "ns")
+    assert b is not None
+    api.update(reversed_keys(b))  # seen by the re-list only
+    api.create(svc("c"))
+    api.expire_history()
+    api.force_gone()
+    api.resume_watches()
+    wait_until(lambda: source.stats["services"].relists == 1, what="relist")
+    wait_until(lambda: ("service", "add", "ns/c") in rec.since(mark))
+    api.update(svc("b", port=8080))  # previous: b as first delivered
+    wait_until(lambda: ("service", "update", "ns/b") in rec.since(mark))
+
+    assert rec.since(mark) == [
+        ("service", "add", "ns/marker"),
+        ("service", "add", "ns/c"),
+        ("service", "update", "ns/b"),
+    ]
+    assert rec.violations == []
 
 
 OUTAGE = 4.0  # long enough for the old backoff (0.8 s doubling) to reach 3.2 s steps

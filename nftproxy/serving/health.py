@@ -19,7 +19,8 @@ counts after each sync.
 - `HealthServer`: serves /healthz and /livez (200 or 503, JSON body with
   lastUpdated/currentTime, nodeEligible on /healthz; any other path 404).
 - `ServiceHealthServers`: one server per service with
-  externalTrafficPolicy=Local on its healthCheckNodePort; any path answers
+  externalTrafficPolicy=Local on its healthCheckNodePort, all served by one
+  thread (an `HttpServerGroup`); any path answers
   200 when the node has a local ready endpoint and the proxy is healthy,
   else 503, with `X-Load-Balancing-Endpoint-Weight: <local endpoints>`.
 
@@ -27,9 +28,10 @@ Known limits: service health servers listen on every address (dual-stack
 "::", or 0.0.0.0 without IPv6), not only on nodePortAddresses as kube-proxy
 does. A port that cannot be bound is warned about (and reported through
 `on_bind_error`, for an Event) once per service and port, then retried
-silently on every sync -- kube-proxy warns on every sync. Each server is
-an `HttpServer` (serving/http.py): one thread blocked in select() (no
-polling) plus a thread per request.
+silently on every sync -- kube-proxy warns on every sync. All service
+ports share one `HttpServerGroup` (serving/http.py): one thread blocked in
+select() over every port (no polling) plus a short-lived thread per request;
+/healthz and /metrics keep one `HttpServer` thread each.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from typing import Any
 
 from nftproxy.core.address import parse_address
 from nftproxy.core.model import NamespacedName, NodeInfo
-from nftproxy.serving.http import NOT_FOUND, App, HttpEndpoint, HttpServer, Response
+from nftproxy.serving.http import NOT_FOUND, App, HttpEndpoint, HttpServerGroup, Response
 
 __all__ = [
     "HealthServer",
@@ -232,14 +234,9 @@ class HealthServer(HttpEndpoint):
 # ---- healthCheckNodePort servers ---------------------------------------------------
 
 
-@dataclass
-class _Instance:
-    port: int
-    serving: HttpServer
-
-
 class ServiceHealthServers:
-    """One HTTP server per service on its healthCheckNodePort.
+    """One HTTP server per service on its healthCheckNodePort, all served
+    by one thread named "service-health".
 
     `proxy_healthy` is ProxyHealth.is_healthy (sync freshness only, as
     upstream). `host` "" listens on every address. `on_bind_error(service,
@@ -261,7 +258,8 @@ class ServiceHealthServers:
         self.log = log or logging.getLogger(__name__)
         self._lock = threading.Lock()  # guards _local against request threads
         self._local: dict[NamespacedName, int] = {}
-        self._instances: dict[NamespacedName, _Instance] = {}
+        self._group: HttpServerGroup[NamespacedName] = HttpServerGroup(name="service-health")
+        self._ports: dict[NamespacedName, int] = {}  # served now
         self._failed: dict[NamespacedName, int] = {}
 
     def sync(
@@ -272,25 +270,26 @@ class ServiceHealthServers:
         """Serve exactly `ports`; answer with `local_endpoints` (absent = 0)."""
         with self._lock:
             self._local = dict(local_endpoints)
-        for service, instance in list(self._instances.items()):
-            if ports.get(service) != instance.port:
+        for service, port in list(self._ports.items()):
+            if ports.get(service) != port:
                 self.log.info(
                     "closing service health server",
-                    extra={"service": str(service), "port": instance.port},
+                    extra={"service": str(service), "port": port},
                 )
-                instance.serving.stop()
-                del self._instances[service]
+                self._group.remove(service)
+                del self._ports[service]
         for service in list(self._failed):
             if ports.get(service) != self._failed[service]:
                 del self._failed[service]
         for service, port in sorted(ports.items()):
-            if service not in self._instances:
+            if service not in self._ports:
                 self._open(service, port)
 
     def _open(self, service: NamespacedName, port: int) -> None:
-        serving = HttpServer(self._app_for(service), name=f"health-{service}")
         try:
-            serving.start(self.host, port)
+            self._group.add(
+                service, self.host, port, self._app_for(service), name=f"health-{service}"
+            )
         except OSError as exc:
             if self._failed.get(service) != port:
                 self._failed[service] = port
@@ -301,7 +300,7 @@ class ServiceHealthServers:
                 self._report(service, port, exc)
             return
         self._failed.pop(service, None)
-        self._instances[service] = _Instance(port, serving)
+        self._ports[service] = port
         self.log.info("serving service health", extra={"service": str(service), "port": port})
 
     def _report(self, service: NamespacedName, port: int, exc: OSError) -> None:
@@ -329,11 +328,10 @@ class ServiceHealthServers:
 
     def serving(self) -> dict[NamespacedName, tuple[str, int]]:
         """The bound address of every running server."""
-        return {svc: inst.serving.address for svc, inst in self._instances.items()}
+        return self._group.addresses()
 
     def stop(self) -> None:
         """Close every server (the agent's shutdown)."""
-        for instance in self._instances.values():
-            instance.serving.stop()
-        self._instances.clear()
+        self._group.stop()
+        self._ports.clear()
         self._failed.clear()
