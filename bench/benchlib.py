@@ -412,5 +412,5 @@ def chain_count(proxier: Any) -> dict[str, int]:
         "chains": len(t.chains),
         "rules": sum(c.size for c in t.chains.values()),
         "sets": len(t.sets),
-        "elements": len(t.index.claims),
+        "elements": len(t.index),
     }

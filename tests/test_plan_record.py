@@ -98,7 +98,7 @@ def test_a_full_sync_sends_one_add_element_command_per_set() -> None:
     sent = sum(len(spec["elem"]) for v, k, _, spec in _ops(commands)
                if (v, k) == ("add", "element"))
     static = sum(len(d.elements) for d in state.sets.values())
-    assert sent == len(state.index.claims) + static > 60 * 5
+    assert sent == len(state.index) + static > 60 * 5
 
 
 def test_a_partial_sync_of_many_owners_groups_elements_by_set() -> None:

@@ -24,7 +24,9 @@ flushed, so a resync keeps every client's affinity.
 
 The state is lean (`CompactFragment`): per chain a digest, no rules. Every
 rule a transaction adds comes from the freshly rendered fragments handed in;
-the state only decides what changed and what to delete.
+the state only decides what changed and what to delete. Its element index
+(claims.py) records who claims each shared-set key, not the elements: those
+are in the owners' fragments.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from nftproxy.core.model import IPFamily, ServicePortName
+from nftproxy.core.model import IPFamily
+from nftproxy.core.nft.claims import ElementIndex, ElemId, Owner, Resolver
 from nftproxy.core.nft.listing import ListedSet, TableListing
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.rules.fragment import (
@@ -43,7 +46,6 @@ from nftproxy.core.rules.fragment import (
     Element,
     Fragment,
     Json,
-    Key,
     SetDecl,
     compact,
 )
@@ -60,10 +62,6 @@ __all__ = [
 ]
 
 SKELETON = "skeleton"
-Owner = ServicePortName | str
-ElemId = tuple[str, Key]
-Claims = tuple[tuple[Owner, Element], ...]
-"""Who claims one element and with what, the winner (first owner by name) first."""
 
 
 def _same_key(t: Table, decl: SetDecl, ks: ListedSet) -> bool:
@@ -81,53 +79,6 @@ def _same_declaration(t: Table, decl: SetDecl, ks: ListedSet) -> bool:
     kflags = {f for f in ks.flags if f != "dynamic"}
     same = (decl.map, flags, decl.timeout) == (ks.map, kflags, ks.timeout)
     return same and _same_key(t, decl, ks)
-
-
-def _first(claims: Iterable[tuple[Owner, Element]]) -> Claims:
-    """Claims in winner order (a tuple per element: a third of a dict's size)."""
-    out = tuple(claims)
-    return out if len(out) < 2 else tuple(sorted(out, key=lambda c: str(c[0])))
-
-
-class ElementIndex:
-    """Who claims which element of the shared maps/sets.
-
-    Two service ports may claim the same key (one deleted and one created
-    with the same cluster IP in one sync; two ports of one endpoint in
-    `hairpin-endpoints`); the owner that sorts first wins, deterministically,
-    and the next takes over when it leaves.
-    """
-
-    def __init__(self) -> None:
-        self.claims: dict[ElemId, Claims] = {}
-
-    @staticmethod
-    def winner(claims: Mapping[Owner, Element]) -> Element | None:
-        if not claims:
-            return None
-        return claims[min(claims, key=str)]
-
-    def effective(self, elem_id: ElemId) -> Element | None:
-        claims = self.claims.get(elem_id)
-        return claims[0][1] if claims else None
-
-    def replace(self, owner: Owner, old: Iterable[Element], new: Iterable[Element]) -> None:
-        for e in old:
-            elem_id = (e.set_name, e.key)
-            claims = self.claims.get(elem_id)
-            if claims is not None:
-                rest = _first(c for c in claims if c[0] != owner)
-                if rest:
-                    self.claims[elem_id] = rest
-                else:
-                    del self.claims[elem_id]
-        for e in new:
-            elem_id = (e.set_name, e.key)
-            claims = self.claims.get(elem_id)
-            if claims is None:
-                self.claims[elem_id] = ((owner, e),)
-            else:
-                self.claims[elem_id] = _first([*(c for c in claims if c[0] != owner), (owner, e)])
 
 
 @dataclass
@@ -165,6 +116,11 @@ class TableState:
         self.index.replace(
             owner, old.elements if old else (), fragment.elements if fragment else ()
         )
+
+    def effective(self, elem_id: ElemId) -> Element | None:
+        """The element the kernel holds for the id: its winner's."""
+        owner = self.index.winner(*elem_id)
+        return None if owner is None else Resolver(self.fragments).element(owner, elem_id)
 
     def _drop_chain(self, name: str) -> None:
         gone = self.chains.pop(name, None)
@@ -295,25 +251,42 @@ def _diff_chains(
             _remove_chain(b, t, name, defer=defer, stale=stale)
 
 
-def _diff_elements(b: _Batch, index: ElementIndex, changes: Mapping[Owner, _Change]) -> int:
+def _winner(owners: list[Owner]) -> Owner | None:
+    """The first by name (the first of equals), or None for nobody."""
+    if len(owners) < 2:
+        return owners[0] if owners else None
+    return min(owners, key=str)
+
+
+def _claimed(
+    owner: Owner, elem_id: ElemId, changed: Mapping[Owner, Element], committed: Resolver
+) -> Element | None:
+    """The owner's element: from `changed` (its old or new record in this
+    stage) if there, else as committed."""
+    e = changed.get(owner)
+    return e if e is not None else committed.element(owner, elem_id)
+
+
+def _diff_elements(b: _Batch, state: TableState, changes: Mapping[Owner, _Change]) -> int:
     """Resolve claims of the changed owners against everyone's; emit the
     effective changes (a new winner with the same verdict too: its comment
     names the owner, which `dump` reads). Returns the number of element changes."""
-    touched: dict[ElemId, dict[Owner, Element]] = {}
+    touched: dict[ElemId, tuple[dict[Owner, Element], dict[Owner, Element]]] = {}
     for owner, (old, new, _) in changes.items():
-        for e in old.elements if old else ():
-            claims = touched.setdefault(
-                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), ()))
-            )
-            claims.pop(owner, None)
-        for e in new.elements if new else ():
-            claims = touched.setdefault(
-                (e.set_name, e.key), dict(index.claims.get((e.set_name, e.key), ()))
-            )
-            claims[owner] = e
-    n = 0
-    for elem_id, claims in touched.items():
-        before, after = index.effective(elem_id), ElementIndex.winner(claims)
+        for i, record in enumerate((old, new)):
+            for e in record.elements if record else ():
+                elem_id = (e.set_name, e.key)
+                slot = touched.get(elem_id)
+                if slot is None:
+                    slot = touched[elem_id] = ({}, {})
+                slot[i][owner] = e
+    committed, n = Resolver(state.fragments), 0
+    for elem_id, (olds, news) in touched.items():
+        owners = state.index.owners(*elem_id)
+        stay = [o for o in owners if o not in olds]
+        before = _claimed(owners[0], elem_id, olds, committed) if owners else None
+        winner = _winner([*stay, *news])
+        after = None if winner is None else _claimed(winner, elem_id, news, committed)
         if before == after:
             continue
         if before is not None:
@@ -352,7 +325,7 @@ def stage_partial(
             defer_deletes,
         )
         _diff_chains(b, state.table, change, redeclared, stale, defer_deletes)
-    n_elems = _diff_elements(b, state.index, changes)
+    n_elems = _diff_elements(b, state, changes)
     commands = b.commands(state.table)
 
     def record() -> None:
@@ -413,6 +386,28 @@ def _full_chains(
         _write_chain(b, t, chain, exists=exists)
 
 
+def _winners(state: TableState, *, last_only: bool) -> dict[str, list[Element]]:
+    """Per set, the elements the state claims, as their winners rendered
+    them; `last_only`: where an owner rendered a key twice, its last."""
+    adds: dict[str, list[Element]] = {}
+    for owner, fragment in state.fragments.items():
+        won: Iterable[Element] = state.index.won(owner, fragment.elements)
+        if last_only:
+            won = {(e.set_name, e.key): e for e in won}.values()
+        for e in won:
+            adds.setdefault(e.set_name, []).append(e)
+    return adds
+
+
+def _add_winners(b: _Batch, state: TableState) -> None:
+    """Add every element the state claims, each once."""
+    adds = _winners(state, last_only=False)
+    if sum(map(len, adds.values())) != len(state.index):
+        adds = _winners(state, last_only=True)
+    for name, elements in adds.items():
+        b.add_elems.setdefault(name, []).extend(elements)
+
+
 def stage_full(
     state: TableState,
     kernel: TableListing | None,
@@ -432,9 +427,7 @@ def stage_full(
     chains = {c.name: c for f in desired.values() for c in f.chains}
     _full_chains(b, t, kernel, chains, fresh.stale_chains, defer_deletes)
     _full_sets(b, t, kernel, fresh.sets, fresh.stale_sets, defer_deletes)
-    for claims in fresh.index.claims.values():
-        e = claims[0][1]
-        b.add_elems.setdefault(e.set_name, []).append(e)
+    _add_winners(b, fresh)
     commands = b.commands(t)
 
     def record() -> None:
@@ -446,7 +439,7 @@ def stage_full(
         )
         state.rule_count = fresh.rule_count
 
-    counts = {"owners": len(desired), "elements": len(fresh.index.claims)}
+    counts = {"owners": len(desired), "elements": len(fresh.index)}
     return Staged(commands, record, counts)
 
 
