@@ -12,6 +12,11 @@ each in a fresh process in a fresh network namespace, one at a time:
   process (bench/agentrun.py). start->commit = spawn -> the agent's own
   timestamp of its first committed full sync, read from its /metrics.
 - `agent-file`: the same agent with `--source` a `kind: List` JSON file.
+- `api-restart`: the `api` agent run once (to its first commit, then
+  stopped: rules left in place, as a DaemonSet rollout leaves them), then
+  started again in the same namespace; the figures are the second run's: a
+  full sync over existing tables, which stays ONE transaction (not in the
+  default --sources).
 - `file`: the harness of before (kept for comparison with earlier runs and
   for bench/levers.py's variants): a fresh Python process does what
   `nftproxy run` does at startup -- tune malloc, open the backend, read the
@@ -39,7 +44,7 @@ may end in `@NAME=VALUE` (repeatable): environment of the child, e.g.
 `baseline@PYTHONMALLOC=malloc`.
 
     python bench/cold_sync.py [--quick] [--sizes 1000x10,10000x10,5000x50,45000x1]
-        [--sources api,agent-file,file] [--idle 30] [--variants baseline,...]
+        [--sources api,agent-file,file,api-restart] [--idle 30] [--variants baseline,...]
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ BENCH = "cold_sync"
 FULL_SIZES = "1000x10,10000x10,5000x50,45000x1"
 QUICK_SIZES = "200x5"
 SOURCES = ("api", "agent-file", "file")
+EXTRA_SOURCES = ("api-restart",)
 
 
 class Metered:
@@ -220,13 +226,18 @@ def run_file(cluster: Cluster, variant: str, args: argparse.Namespace, ns: str) 
     }
 
 
-def run_agent(cluster: Cluster, source: str, args: argparse.Namespace, ns: str) -> dict[str, Any]:
+def run_agent(
+    cluster: Cluster, source: str, args: argparse.Namespace, ns: str, *, idle: float | None = None
+) -> dict[str, Any]:
     """`nftproxy run` from `source` (bench/agentrun.py)."""
+    if source == "api-restart":
+        run_agent(cluster, "api", args, ns, idle=1.0)  # the first start: tables left in place
+        source = "api"
     run = agentrun.AgentRun(
         ns=ns,
         workdir=cluster.workdir,
-        label=f"{cluster.shape.label}-{source}",
-        idle=args.idle,
+        label=f"{cluster.shape.label}-{source}" + ("-first" if idle is not None else ""),
+        idle=args.idle if idle is None else idle,
         interval=args.sample_interval,
         timeout=args.timeout,
     )
@@ -315,7 +326,7 @@ def main() -> int:
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     shapes = [bl.parse_shape(size) for size in sizes.split(",")]
     sources = args.sources.split(",")
-    if unknown := set(sources) - set(SOURCES):
+    if unknown := set(sources) - set(SOURCES) - set(EXTRA_SOURCES):
         ap.error(f"unknown sources {sorted(unknown)}")
     variants = (
         args.variants or ("baseline,shard4" if args.quick else "baseline")

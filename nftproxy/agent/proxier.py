@@ -12,9 +12,11 @@ steps over values:
   listing   -- full syncs only: what our tables hold in the kernel
   stage     -- pure (core/nft/plan.py): one ordered transaction per family
   commit    -- one backend.commit() for both families; record on success.
-               But a full sync onto ABSENT tables (first start) commits the
-               skeleton, then sorted chunks of ~`fresh_chunk` endpoints, each
-               service whole in one: memory follows the chunk, not the cluster
+               But a full sync of more than one chunk of ~`fresh_chunk`
+               endpoints goes in steps (agent/chunked.py): onto ABSENT tables
+               the skeleton then the chunks; over existing ones (restart,
+               drift, periodic) the same, then one final step that switches
+               the shared maps: memory follows the chunk, not the cluster
   report    -- a `SyncReport` of plain values, handed to the hooks; its
                figures about every service are kept per applied change
                (agent/tallies.py), so a sync without change costs nothing
@@ -40,9 +42,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from nftproxy.agent.chunked import Chunked, Step, run_steps
 from nftproxy.agent.drift import DriftWatch, drift_reason
 from nftproxy.agent.heap import HeapPolicy, NoHeapPolicy
 from nftproxy.agent.report import (
@@ -69,7 +72,7 @@ from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import Staged, TableState, stage_full, stage_gc, stage_partial
 from nftproxy.core.nft.seam import Backend
-from nftproxy.core.render import RenderedFamily, render_changed, render_fresh, render_full
+from nftproxy.core.render import RenderedFamily, render_changed, render_full
 from nftproxy.core.rules.skeleton import nodeport_ips
 from nftproxy.core.tracker import ProxyState, SyncGate
 
@@ -77,7 +80,7 @@ __all__ = ["Proxier"]
 
 FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
 FRESH_CHUNK_ENDPOINTS = 2000
-"""Endpoints per transaction of a full sync onto absent tables (see above)."""
+"""Endpoints per transaction of a full sync in steps (see above)."""
 
 
 class _Inputs:
@@ -264,8 +267,9 @@ class Proxier:
             self._collect_garbage()
             listings = self._list_tables() if snapshot.full else {}
             drift = self._drift_reason(listings) if drifted else ""
-            if snapshot.full and all(listing is None for listing in listings.values()):
-                ops, render_s, commit_s = self._build_fresh(snapshot)
+            steps = self._chunked().steps(snapshot, listings) if snapshot.full else None
+            if steps is not None:
+                ops, render_s, commit_s = self._build_steps(steps)
             else:
                 ops, render_s, commit_s = self._build(snapshot, listings)
         except BaseException:
@@ -291,28 +295,20 @@ class Proxier:
         ops = self._commit(staged, rendered, full=snapshot.full)
         return ops, t_commit - t_render, self.clock() - t_commit
 
-    def _build_fresh(self, snapshot: SyncInput) -> tuple[int, float, float]:
-        """A full sync onto absent tables, chunk by chunk (module docstring)."""
-        ops, render_s, commit_s = 0, 0.0, 0.0
-        absent: dict[IPFamily, TableListing | None] = {f: None for f in snapshot.families}
-        states = {f: inp.state for f, inp in snapshot.families.items()}
-        steps = render_fresh(
-            states, self.config, snapshot.node, snapshot.service_cidrs, self._fresh_chunk
+    def _chunked(self) -> Chunked:
+        tables = {f: fam.table for f, fam in self._families.items()}
+        return Chunked(
+            self.config, self._fresh_chunk, tables, self._stage,
+            typeof=self.backend.accepts_typeof(), defer_deletes=self._defer_deletes,
         )
+
+    def _build_steps(self, steps: Iterator[Step]) -> tuple[int, float, float]:
+        """A full sync in steps (agent/chunked.py), each its own transaction."""
         with self._heap.building(True):
-            while True:
-                t_render = self.clock()  # the step is rendered when taken
-                rendered = next(steps, None)
-                if rendered is None:
-                    break
-                staged = self._stage(rendered, absent)
-                t_commit = self.clock()
-                ops += self._send(staged, rendered, fresh=False)
-                render_s += t_commit - t_render
-                commit_s += self.clock() - t_commit
+            out = run_steps(steps, lambda s, r: self._send(s, r, fresh=False), self.clock)
         self._last_full = self.clock()
         self._heap.committed(True)
-        return ops, render_s, commit_s
+        return out
 
     def _snapshot(
         self, *, force_full: bool = False, take_full_request: bool = False
@@ -488,7 +484,7 @@ class Proxier:
                 chains=len(table.chains),
                 rules=table.rule_count,
                 sets=len(table.sets),
-                elements=len(table.index.claims),
+                elements=len(table.index),
             ),
         )
 

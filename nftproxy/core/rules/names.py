@@ -84,9 +84,17 @@ def endpoint_chain(spn: ServicePortName, endpoint: Endpoint) -> str:
     return "KUBE-SEP-" + _hash16(str(spn) + spn.protocol.nft + endpoint.address)
 
 
+_AFFINITY_SUFFIX = "-affinity"
+
+
 def affinity_set(spn: ServicePortName, endpoint: Endpoint) -> str:
     """KUBE-SEP-<h>-affinity: clients recently sent to this endpoint (ClientIP)."""
-    return endpoint_chain(spn, endpoint) + "-affinity"
+    return endpoint_chain(spn, endpoint) + _AFFINITY_SUFFIX
+
+
+def is_affinity_set(name: str) -> bool:
+    """Whether `name` is one of `affinity_set`'s names."""
+    return name.startswith("KUBE-SEP-") and name.endswith(_AFFINITY_SUFFIX)
 
 
 def comment(text: str) -> str:

@@ -1,0 +1,128 @@
+"""Full syncs cut into steps, so that their memory follows a chunk, not the cluster.
+
+Layer: agent (orchestration over core/render.py and core/nft; no I/O of its
+own: the proxier's `send` commits). One job: turn a full sync of a large
+cluster into a sequence of transactions, each sent by the proxier's `_send`
+(drift bookkeeping, typeof dialect, errors as for any commit):
+
+- onto ABSENT tables (first start): the skeletons (`stage_full`), then the
+  service ports in sorted `chunks` (`stage_partial`), each recorded when
+  committed; nothing is there yet to keep consistent;
+- over EXISTING tables (agent restart, drift repair, periodic full sync):
+  core/nft/resync.py's steps -- skeleton, chunks of owners' chains, then one
+  final transaction that switches every shared map and removes what is no
+  longer desired; recorded at the final step only. Taken when the cluster
+  makes more than one chunk and the listing allows it (`resyncable`: same set
+  declarations, same base-chain hooks); otherwise `steps` returns None and
+  the proxier sends today's single transaction.
+
+Steps are lazy: a step is rendered and staged when taken, after the previous
+one was committed (a chunk onto absent tables diffs against what the
+previous one recorded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from nftproxy.agent.report import SyncInput
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import IPFamily
+from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.nft.plan import SKELETON, Staged, TableState
+from nftproxy.core.nft.resync import ResyncPlan, resyncable
+from nftproxy.core.render import RenderedFamily, chunks, port_sets, render_fresh
+
+__all__ = ["Chunked", "Step", "run_steps"]
+
+Rendered = Mapping[IPFamily, RenderedFamily]
+Listings = Mapping[IPFamily, TableListing | None]
+Step = tuple[Mapping[IPFamily, Staged], Rendered]
+"""One transaction of both families, and the renders it came from (for the
+no-local tallies; empty for the final step of a resync)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunked:
+    """What a chunked full sync needs of the proxier: its config, the chunk
+    size in endpoints, its tables' records, its `stage` (the fresh path
+    stages as any sync does), whether the backend takes typeof declarations
+    and whether deletes are deferred (EBUSY)."""
+
+    config: ProxyConfig
+    min_endpoints: int
+    tables: Mapping[IPFamily, TableState]
+    stage: Callable[[Rendered, Listings], dict[IPFamily, Staged]]
+    typeof: bool = False
+    defer_deletes: bool = False
+
+    def steps(self, snapshot: SyncInput, listings: Listings) -> Iterator[Step] | None:
+        """The steps of the full sync `snapshot` over `listings`, or None:
+        send it as one transaction."""
+        if all(listing is None for listing in listings.values()):
+            return self._fresh(snapshot)
+        return self._resync(snapshot, listings)
+
+    def _renders(self, snapshot: SyncInput) -> Iterator[dict[IPFamily, RenderedFamily]]:
+        states = {f: inp.state for f, inp in snapshot.families.items()}
+        return render_fresh(
+            states, self.config, snapshot.node, snapshot.service_cidrs, self.min_endpoints
+        )
+
+    def _fresh(self, snapshot: SyncInput) -> Iterator[Step]:
+        absent: dict[IPFamily, TableListing | None] = {f: None for f in snapshot.families}
+        for rendered in self._renders(snapshot):
+            yield self.stage(rendered, absent), rendered
+
+    def _resync(self, snapshot: SyncInput, listings: Listings) -> Iterator[Step] | None:
+        states = [inp.state for inp in snapshot.families.values()]
+        if sum(1 for _ in chunks(states, self.min_endpoints)) < 2:
+            return None
+        renders = self._renders(snapshot)
+        skeletons = next(renders)
+        for family, r in skeletons.items():
+            state = snapshot.families[family].state
+            listing = listings.get(family)
+            sets = port_sets(state, self.config, snapshot.node)
+            self.tables[family].use_typeof(self.typeof)
+            table = self.tables[family].table
+            if listing is not None and not resyncable(
+                table, listing, r.desired()[SKELETON], sets
+            ):
+                return None
+        plans = {
+            f: ResyncPlan(self.tables[f], listings.get(f), defer_deletes=self.defer_deletes)
+            for f in skeletons
+        }
+        return _resync_steps(plans, skeletons, renders)
+
+
+def _resync_steps(
+    plans: Mapping[IPFamily, ResyncPlan],
+    skeletons: Rendered,
+    rest: Iterator[Rendered],
+) -> Iterator[Step]:
+    yield {f: plans[f].step(r.desired(), first=True) for f, r in skeletons.items()}, skeletons
+    for rendered in rest:
+        yield {f: plans[f].step(r.desired()) for f, r in rendered.items()}, rendered
+    yield {f: plan.final() for f, plan in plans.items()}, {}
+
+
+def run_steps(
+    steps: Iterator[Step],
+    send: Callable[[Mapping[IPFamily, Staged], Rendered], int],
+    clock: Callable[[], float],
+) -> tuple[int, float, float]:
+    """Take, send and time each step: (commands, render s, commit s); a
+    refused step raises (the next sync is full and lists again)."""
+    ops, render_s, commit_s = 0, 0.0, 0.0
+    while True:
+        t_render = clock()  # the step is rendered and staged when taken
+        step = next(steps, None)
+        if step is None:
+            return ops, render_s, commit_s
+        t_commit = clock()
+        ops += send(*step)
+        render_s += t_commit - t_render
+        commit_s += clock() - t_commit

@@ -1,0 +1,157 @@
+"""A full sync over a listed table, as ordered steps of one transaction each.
+
+Layer: nft (pure; no kernel access). One job: plan the chunked full sync over
+tables that already exist (agent restart, drift repair, periodic resync), so
+that no transaction holds the whole cluster. `resyncable` says whether the
+listing allows it; a `ResyncPlan` turns the rendered steps into `Staged`
+transactions:
+
+  0  the skeleton: `add table`; its chains written (flushed first if
+     listed); its sets and maps that are not listed added EMPTY
+  1..k  per chunk of service ports: each owner's chains written (flushed
+     first if listed) and its sets that are not listed added (an affinity set
+     in the same transaction as the rule that updates it, which is what makes
+     it kernel-"dynamic": docs/userspaces.md). No shared-set element yet.
+  final  every desired non-dynamic set and map flushed (if listed) and
+     filled with its static and effective (winner) elements, in ONE
+     transaction, so the dispatch, hairpin, firewall and no-endpoint maps
+     switch at once; listed chains not desired flushed, then deleted after
+     the element flush (vmap elements may point at them) -- or, with
+     `defer_deletes` (EBUSY, kernels < 6.2), left flushed for `stage_gc`;
+     listed sets not desired deleted after the chains using them are flushed.
+     Listed dynamic sets that are desired are never touched: clients keep
+     their affinity.
+
+Between steps every service port is either wholly old (old chains, old
+elements) or runs its new chains behind the old elements of the shared maps,
+until the final step switches them all: a changed port's new endpoints get
+traffic before their hairpin elements exist, and where its chain names
+change, its old elements still point at its old chains (left as they were,
+and they may jump into its rewritten ones). A new service becomes
+reachable, and a deleted one unreachable, at the final step. Only the final step records
+(the fresh `TableState` of every desired fragment, exactly as `stage_full`
+would); the earlier ones record nothing, so a refused step leaves the record
+as it was and the next (full) sync lists again: every step is idempotent
+over any intermediate table.
+
+Uses plan.py's private `_Batch`, `_add_winners`, `_remove_chain` and
+`_same_declaration` (one planner, two ways to cut it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+
+from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.nft.ops import Table
+from nftproxy.core.nft.plan import (
+    Owner,
+    Staged,
+    TableState,
+    _add_winners,
+    _Batch,
+    _remove_chain,
+    _same_declaration,
+)
+from nftproxy.core.rules.fragment import Fragment, SetDecl
+from nftproxy.core.rules.names import is_affinity_set
+
+__all__ = ["ResyncPlan", "resyncable"]
+
+
+def resyncable(
+    t: Table, listing: TableListing, skeleton: Fragment, port_sets: Iterable[SetDecl]
+) -> bool:
+    """Whether a listed table can be resynced in steps: it has the skeleton's
+    layout -- every skeleton chain and set listed, the sets with the same
+    declaration, each listed base chain a skeleton chain with the same hook,
+    and no other listed set but per-endpoint affinity sets -- and every
+    desired port set it lists (`port_sets`) has the same declaration.
+
+    A table of another layout (a rollback or upgrade across ruleset versions:
+    ruleset v1's `firewall-ips` vmap, or v2's `firewall-vips` missing) is
+    rewritten in one transaction: step 0 would switch the skeleton's rules
+    onto sets the old service chains do not fill (source ranges unenforced
+    until the final step)."""
+    skeleton_sets = {decl.name: decl for decl in skeleton.sets}
+    for decl in (*skeleton.sets, *port_sets):
+        listed = listing.sets.get(decl.name)
+        if listed is None:
+            if decl.name in skeleton_sets:
+                return False
+        elif not _same_declaration(t, decl, listed):
+            return False
+    if any(n not in skeleton_sets and not is_affinity_set(n) for n in listing.sets):
+        return False
+    hooks = {c.name: c.hook for c in skeleton.chains}
+    if any(name not in listing.chains for name in hooks):
+        return False
+    for name, hook in listing.chains.items():
+        if (hooks[name] != hook) if name in hooks else (hook is not None):
+            return False
+    return True
+
+
+def _record(state: TableState, fresh: TableState) -> None:
+    """Make `state` the fresh one (every field but its identity)."""
+    for f in fields(TableState):
+        if f.name not in ("family", "table"):
+            setattr(state, f.name, getattr(fresh, f.name))
+
+
+class ResyncPlan:
+    """The steps of one family's chunked full sync over `listing` (None: the
+    table is absent, every object is added). Take `step` for the skeleton
+    (first=True), then for each chunk, then `final`, committing each before
+    taking the next; only `final` records into `state`."""
+
+    def __init__(
+        self, state: TableState, listing: TableListing | None, *, defer_deletes: bool = False
+    ) -> None:
+        self._state = state
+        self._listing = listing or TableListing({}, {})
+        self._defer = defer_deletes
+        self._fresh = TableState(state.family, state.table)
+
+    def step(self, desired: Mapping[Owner, Fragment], *, first: bool = False) -> Staged:
+        """Write the chains of `desired`'s owners and add their unlisted sets
+        (empty); `first` adds the table too."""
+        t, listed = self._state.table, self._listing
+        b = _Batch(head=[t.add_table()] if first else [])
+        for owner, fragment in desired.items():
+            self._fresh.adopt(owner, fragment)
+            b.add_sets += [t.add_set(s) for s in fragment.sets if s.name not in listed.sets]
+            for chain in fragment.chains:
+                if chain.name in listed.chains:
+                    b.flush.append(t.flush_chain(chain.name))
+                b.add_chains.append(t.add_chain(chain))
+                b.add_rules += t.add_rules(chain)
+        return Staged(b.commands(t), lambda: None, {"owners": len(desired)})
+
+    def final(self) -> Staged:
+        """Switch every shared set to its desired elements; remove what the
+        listing shows and nothing desires; record the fresh state."""
+        t, listed, fresh = self._state.table, self._listing, self._fresh
+        fresh.stale_chains, fresh.stale_sets = set(), {}
+        b = _Batch()
+        wanted = {c for f in fresh.fragments.values() for c in f.chain_names()}
+        for name in listed.chains:
+            if name not in wanted:
+                _remove_chain(b, t, name, defer=self._defer, stale=fresh.stale_chains)
+        for name, ks in listed.sets.items():
+            if name in fresh.sets:
+                continue
+            if self._defer:
+                fresh.stale_sets[name] = ks.map is not None
+            else:
+                b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
+        for decl in fresh.sets.values():
+            if decl.dynamic:
+                continue
+            if decl.name in listed.sets:
+                b.flush.append(t.flush_set(decl))
+            b.add_sets += t.add_set_elements(decl.name, decl.elements)
+        _add_winners(b, fresh)
+        counts = {"owners": len(fresh.fragments), "elements": len(fresh.index)}
+        return Staged(b.commands(t), lambda: _record(self._state, fresh), counts)

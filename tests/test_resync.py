@@ -1,0 +1,345 @@
+"""A full sync over existing tables in steps (agent/chunked.py, core/nft/resync.py),
+on FakeBackend (no root).
+
+Aspects:
+- a restart over an old table, in several chunks, ends in exactly the table
+  (and the planner's record) of the one-transaction full sync, for both
+  userspace dialects; a partial sync after it agrees too;
+- it goes in skeleton + chunks + one final transaction, none of them near
+  the size of the single transaction;
+- after every intermediate commit the table is consistent: every goto/jump
+  target exists, every service port of the old table keeps its dispatch
+  element; new services appear with the final step only;
+- affinity sets that existed are kept with their clients, and stay dynamic;
+- a re-declared set or a changed base-chain hook: one transaction, as before;
+- a refused step raises, the next sync is full and converges; after EBUSY
+  its final step leaves the chains flushed, and a later sync deletes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+from k8s import endpoint_slice, service
+from test_proxier import CONFIG, NODE, Recording, listed, listing, started
+
+from nftproxy.agent.proxier import Proxier
+from nftproxy.core.model import IPFamily
+from nftproxy.core.nft.errors import NftBusy, NftRejected
+from nftproxy.core.nft.seam import Backend
+from nftproxy.kernel.fake import FakeBackend
+
+Obj = dict[str, Any]
+CHUNK = 6  # endpoints: two services of three per chunk
+
+
+def _svc(i: int, n_eps: int, **kw: Any) -> list[Obj]:
+    name = f"s{i:03}"
+    eps = [(f"10.{240 + j}.{i // 200}.{i % 200 + 1}", NODE if j % 2 == 0 else "node-b")
+           for j in range(n_eps)]
+    return [service(name, f"10.96.{i // 200}.{i % 200 + 1}", **kw), endpoint_slice(name, eps)]
+
+
+def old_cluster(n: int = 12) -> list[Obj]:
+    """n ClusterIP services of 3 endpoints, one with affinity, one NodePort
+    of eTP Cluster, one LoadBalancer with source ranges."""
+    out: list[Obj] = []
+    for i in range(n):
+        out += _svc(i, 3)
+    out += _svc(n, 3, affinity_timeout=60)
+    out += _svc(n + 1, 3, type="NodePort", node_ports=[30081])
+    out += _svc(n + 2, 2, type="LoadBalancer", node_ports=[30082], lb_ips=["192.0.2.10"],
+                source_ranges=["203.0.113.0/24"])
+    return out
+
+
+def new_cluster(n: int = 12) -> list[Obj]:
+    """old_cluster changed: two services gone, three added, endpoints of one
+    changed, the affinity service keeps its sets, the NodePort moves to eTP
+    Local, the LoadBalancer's source ranges change."""
+    out: list[Obj] = []
+    for i in range(2, n):
+        out += _svc(i, 4 if i == 3 else 3)
+    for i in range(n + 10, n + 13):
+        out += _svc(i, 2)
+    out += _svc(n, 3, affinity_timeout=60)
+    out += _svc(n + 1, 3, type="NodePort", node_ports=[30081], etp="Local")
+    out += _svc(n + 2, 2, type="LoadBalancer", node_ports=[30082], lb_ips=["192.0.2.10"],
+                source_ranges=["203.0.113.0/24", "198.51.100.0/24"])
+    return out
+
+
+class Commits(Recording):
+    """Recording that calls `after(self)` after each accepted commit."""
+
+    def __init__(self, version: str = "1.0.6") -> None:
+        FakeBackend.__init__(self, version=version)
+        self.sent: list[list[Mapping[str, Any]]] = []
+        self.refuse_next: NftRejected | None = None
+        self.refuse_at: int | None = None  # refuse the commit of this index in `sent`
+        self.after: Callable[[Commits], None] = lambda _: None
+
+    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
+        if commands and self.refuse_at == len(self.sent):
+            self.refuse_at = None
+            self.refuse_next = NftRejected("Could not process rule: Invalid argument")
+        super().commit(commands, fresh=fresh)
+        if commands:
+            self.after(self)
+
+
+def restarted(backend: Backend, objects: Sequence[Obj], chunk: int) -> Proxier:
+    """A new Proxier (an agent restart) fed `objects`, ready to sync."""
+    proxier = Proxier(CONFIG, backend, fresh_chunk=chunk)
+    listed(proxier, *objects)
+    return proxier
+
+
+def old_table(backend: Backend, objects: Sequence[Obj]) -> None:
+    restarted(backend, objects, 10**9).sync()
+
+
+@pytest.fixture
+def commits() -> Iterator[Commits]:
+    with started(Commits()) as b:
+        assert isinstance(b, Commits)
+        yield b
+
+
+def one_transaction(objects_before: Sequence[Obj], objects: Sequence[Obj],
+                    version: str = "1.0.6") -> tuple[str, Proxier, FakeBackend]:
+    """The table, proxier and backend of a one-transaction restart sync."""
+    backend = Recording() if version == "1.0.6" else FakeBackend(version=version)
+    backend.start()
+    old_table(backend, objects_before)
+    proxier = restarted(backend, objects, 10**9)
+    assert proxier.sync().full
+    return listing(backend), proxier, backend
+
+
+def record(proxier: Proxier) -> list[Any]:
+    out = []
+    for f in (IPFamily.IPV4, IPFamily.IPV6):
+        s = proxier.table_state(f)
+        out.append((s.fragments, s.chains, s.sets, s.rule_count, len(s.index),
+                    s.stale_chains, s.stale_sets))
+    return out
+
+
+@pytest.mark.parametrize("version", ["1.0.6", "1.1"])
+def test_a_restart_in_chunks_ends_in_the_one_transaction_table(version: str) -> None:
+    want, single, other = one_transaction(old_cluster(), new_cluster(), version)
+    with started(Commits(version)) as backend:
+        assert isinstance(backend, Commits)
+        old_table(backend, old_cluster())
+        assert listing(backend) != want
+        proxier = restarted(backend, new_cluster(), CHUNK)
+        backend.sent.clear()
+        report = proxier.sync()
+        assert report.full and report.ops == sum(map(len, backend.sent))
+        assert len(backend.sent) > 2  # in steps
+        assert listing(backend) == want
+        assert record(proxier) == record(single)
+        # the record is right: a partial sync after it agrees with the other
+        for p in (proxier, single):
+            listed(p, *_svc(40, 2))
+            assert not p.sync().full
+        assert listing(backend) == listing(other)
+    other.close()
+
+
+def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> None:
+    single = one_transaction(old_cluster(), new_cluster())[2]
+    assert isinstance(single, Recording)
+    whole = len(single.sent[-1])
+    old_table(commits, old_cluster())
+    commits.sent.clear()
+    restarted(commits, new_cluster(), CHUNK).sync()
+    sizes = [len(c) for c in commits.sent]
+    # skeleton, 8 chunks of about 6 endpoints (16 services of 2-4), the final switch
+    assert len(sizes) == 10, sizes
+    assert sizes[0] < whole / 2 and max(sizes[1:]) < whole / 5, (sizes, whole)
+    final = commits.sent[-1]
+    assert not any("rule" in body for c in final for body in c.values())
+    assert all("element" not in body
+               for step in commits.sent[:-1] for c in step for body in c.values())
+    single.close()
+
+
+def _objects(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    return [next(iter(o.items())) for o in doc["nftables"]]
+
+
+def _targets(doc: Mapping[str, Any]) -> set[str]:
+    """Every chain a rule or a verdict-map element jumps or goes to."""
+    text = json.dumps(doc)
+    return {t for verb in ("goto", "jump")
+            for t in _find(text, f'"{verb}": {{"target": "')}
+
+
+def _find(text: str, prefix: str) -> Iterator[str]:
+    start = text.find(prefix)
+    while start >= 0:
+        start += len(prefix)
+        end = text.index('"', start)
+        yield text[start:end]
+        start = text.find(prefix, end)
+
+
+def _dispatch(doc: Mapping[str, Any] | None) -> set[str]:
+    """The keys of the service-ips map (one per cluster IP . proto . port)."""
+    assert doc is not None
+    for kind, obj in _objects(doc):
+        if kind == "map" and obj["name"] == "service-ips":
+            return {json.dumps(e[0], sort_keys=True) for e in obj.get("elem", [])}
+    return set()
+
+
+def test_every_intermediate_table_is_consistent(commits: Commits) -> None:
+    old_table(commits, old_cluster())
+    before = commits.list_table("ip", "nftproxy")
+    assert before is not None
+    old_keys = _dispatch(before)
+    seen: list[set[str]] = []
+
+    def check(b: Commits) -> None:
+        doc = b.list_table("ip", "nftproxy")
+        assert doc is not None
+        chains = {o["name"] for kind, o in _objects(doc) if kind == "chain"}
+        missing = _targets(doc) - chains
+        assert not missing, missing
+        seen.append(_dispatch(doc))
+
+    commits.sent.clear()
+    commits.after = check
+    restarted(commits, new_cluster(), CHUNK).sync()
+    assert len(seen) == len(commits.sent) > 2
+    assert all(keys == old_keys for keys in seen[:-1])  # old services answer, no new one yet
+    single = one_transaction(old_cluster(), new_cluster())[2]
+    assert seen[-1] != old_keys and seen[-1] == _dispatch(single.list_table("ip", "nftproxy"))
+    single.close()
+
+
+def _affinity_sets(b: FakeBackend) -> dict[str, Mapping[str, Any]]:
+    doc = b.list_table("ip", "nftproxy")
+    assert doc is not None
+    return {o["name"]: o for kind, o in _objects(doc)
+            if kind == "set" and o["name"].endswith("-affinity")}
+
+
+def test_affinity_sets_keep_their_clients_and_stay_dynamic() -> None:
+    with started(Commits("1.1")) as backend:
+        assert isinstance(backend, Commits)
+        old_table(backend, old_cluster())
+        sets = _affinity_sets(backend)
+        assert len(sets) == 3 and all("dynamic" in s["flags"] for s in sets.values())
+        client = {"elem": {"val": "10.0.9.9", "timeout": 60}}
+        for name in sets:  # the datapath remembered a client in each
+            backend.commit([{"add": {"element": {
+                "family": "ip", "table": "nftproxy", "name": name, "elem": [client]}}}])
+        backend.sent.clear()
+        restarted(backend, new_cluster(), CHUNK).sync()
+        assert len(backend.sent) > 2
+        after = _affinity_sets(backend)
+        assert after.keys() == sets.keys()
+        assert all(s.get("elem") == [client] for s in after.values())
+        assert all("dynamic" in s["flags"] for s in after.values())
+
+
+def test_a_redeclared_set_means_one_transaction(commits: Commits) -> None:
+    old_table(commits, old_cluster())
+    changed = [o if o["metadata"]["name"] != "s012" or o["kind"] != "Service"
+               else service("s012", "10.96.0.13", affinity_timeout=90) for o in new_cluster()]
+    commits.sent.clear()
+    restarted(commits, changed, CHUNK).sync()
+    assert len(commits.sent) == 1
+    assert listing(commits) == one_transaction(old_cluster(), changed)[0]
+
+
+def test_a_changed_base_chain_hook_means_one_transaction(commits: Commits) -> None:
+    old_table(commits, old_cluster())
+    doc = commits.list_table("ip", "nftproxy")
+    assert doc is not None
+    (base,) = [o for kind, o in _objects(doc) if kind == "chain" and o.get("hook") == "input"]
+    obj = {k: base[k] for k in ("family", "table", "name", "type", "hook")}
+    commits.commit([{"flush": {"chain": obj}}, {"delete": {"chain": obj}},
+                    {"add": {"chain": {**obj, "prio": base["prio"] + 1}}}])
+    commits.sent.clear()
+    restarted(commits, new_cluster(), CHUNK).sync()
+    assert len(commits.sent) == 1
+    assert listing(commits) == one_transaction(old_cluster(), new_cluster())[0]
+
+
+def test_a_table_of_another_layout_means_one_transaction(commits: Commits) -> None:
+    """A set the skeleton does not declare (ruleset v1's `firewall-ips`), or
+    a skeleton set missing (v2's `firewall-vips`), is another ruleset
+    version: stepping would switch the skeleton onto sets the old service
+    chains do not fill, so the table is rewritten at once."""
+    old_table(commits, old_cluster())
+    table = {"family": "ip", "table": "nftproxy"}
+    commits.commit([{"add": {"map": {**table, "name": "firewall-ips",
+                                     "type": "ipv4_addr", "map": "verdict"}}}])
+    commits.sent.clear()
+    restarted(commits, new_cluster(), CHUNK).sync()
+    assert len(commits.sent) == 1
+    assert listing(commits) == one_transaction(old_cluster(), new_cluster())[0]
+
+
+def test_a_missing_skeleton_set_means_one_transaction(commits: Commits) -> None:
+    old_table(commits, old_cluster())
+    doc = commits.list_table("ip", "nftproxy")
+    assert doc is not None
+    table = {"family": "ip", "table": "nftproxy"}
+    chains = {o["chain"] for kind, o in _objects(doc)
+              if kind == "rule" and "@firewall-vips" in json.dumps(o)}
+    assert chains, "the skeleton matches on firewall-vips"
+    commits.commit([*({"flush": {"chain": {**table, "name": c}}} for c in sorted(chains)),
+                    {"delete": {"set": {**table, "name": "firewall-vips"}}}])
+    commits.sent.clear()
+    restarted(commits, new_cluster(), CHUNK).sync()
+    assert len(commits.sent) == 1
+    assert listing(commits) == one_transaction(old_cluster(), new_cluster())[0]
+
+
+def test_a_refused_step_raises_and_the_next_sync_converges(commits: Commits) -> None:
+    old_table(commits, old_cluster())
+    commits.sent.clear()
+    commits.refuse_at = 2  # the second chunk
+    proxier = restarted(commits, new_cluster(), CHUNK)
+    with pytest.raises(NftRejected):
+        proxier.sync()
+    assert len(commits.sent) == 3
+    report = proxier.sync()
+    assert report.full and len(commits.sent) > 5
+    assert listing(commits) == one_transaction(old_cluster(), new_cluster())[0]
+
+
+class OldKernel(Commits):
+    """A kernel < 6.2: deleting a chain in the transaction that flushes the
+    map whose elements go to it fails with EBUSY."""
+
+    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
+        verbs = {(verb, next(iter(body))) for c in commands for verb, body in c.items()}
+        if {("delete", "chain"), ("flush", "map")} <= verbs:
+            self.sent.append(list(commands))
+            raise NftBusy("Could not process rule: Device or resource busy")
+        super().commit(commands, fresh=fresh)
+
+
+def test_after_ebusy_the_final_step_leaves_chains_flushed_for_a_later_delete() -> None:
+    with started(OldKernel()) as backend:
+        assert isinstance(backend, OldKernel)
+        old_table(backend, old_cluster())
+        proxier = restarted(backend, new_cluster(), CHUNK)
+        with pytest.raises(NftBusy):
+            proxier.sync()
+        sent = len(backend.sent)
+        assert proxier.sync().full  # in steps again, the deletes deferred
+        assert len(backend.sent) - sent > 2
+        assert proxier.table_state(IPFamily.IPV4).stale_chains
+        proxier.sync()  # deletes them first
+        assert not proxier.table_state(IPFamily.IPV4).stale_chains
+        assert listing(backend) == one_transaction(old_cluster(), new_cluster())[0]
