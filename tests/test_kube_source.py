@@ -352,6 +352,59 @@ def test_only_this_node_is_watched(api: FakeApiServer, start: Start) -> None:
     assert rec.node is None
 
 
+class NodeFirst(Recorder):
+    """Notes how many times the Node was delivered when each kind is synced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node_calls_at_synced: dict[str, int] = {}
+
+    def on_synced(self, kind: str) -> None:
+        with self.lock:
+            self.node_calls_at_synced[kind] = self.node_calls
+        super().on_synced(kind)
+
+
+def test_the_lists_are_synced_only_once_the_node_is_in(api: FakeApiServer) -> None:
+    """The Node's list failing once (it comes back after the backoff, after
+    the Services and EndpointSlices lists): on_synced waits for it, so the
+    first sync -- a full one -- sees the Node, and no second full sync
+    follows it (bench/agentrun: two full syncs at start under load)."""
+    api.create(build.node(NODE, ["192.168.0.10"]))
+    api.create(svc("web"))
+    api.fail_requests(1, resource="nodes")
+    rec = NodeFirst()
+    source = KubeSource(api.api_client(), rec, node_name=NODE, backoff_initial=0.3,
+                        random=lambda: 0.5)
+    source.start()
+    try:
+        wait_until(lambda: synced(rec), what="initial sync")
+        assert len(lists(api, "nodes")) == 2  # the failed one, then the one that counted
+        assert rec.node_calls_at_synced == {KIND_SERVICES: 1, KIND_ENDPOINT_SLICES: 1}
+    finally:
+        source.stop()
+
+
+def test_the_lists_are_synced_without_a_node_that_cannot_be_listed(
+    api: FakeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.create(svc("web"))
+    api.fail_requests(1000, resource="nodes")
+    rec = NodeFirst()
+    source = KubeSource(api.api_client(), rec, node_name=NODE, node_wait=0.3,
+                        random=lambda: 0.5)
+    started = time.monotonic()
+    source.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            wait_until(lambda: synced(rec), what="initial sync")
+        assert time.monotonic() - started >= 0.3
+        assert rec.node_calls_at_synced == {KIND_SERVICES: 0, KIND_ENDPOINT_SLICES: 0}
+        assert "was not listed within" in caplog.text
+    finally:
+        source.stop()
+
+
 def test_service_cidrs_are_delivered_as_a_full_list(api: FakeApiServer, start: Start) -> None:
     def cidr(name: str, *cidrs: str) -> dict[str, Any]:
         return {"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",

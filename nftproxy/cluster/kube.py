@@ -178,7 +178,10 @@ class KubeSource:
 
     `api_client` is a `kubernetes.client.ApiClient` (see `from_config`); the
     informers use a copy of it without urllib3's own retries.
-    `node_name` selects the Node; empty: no Node is watched. Seams for tests:
+    `node_name` selects the Node; empty: no Node is watched. The first lists
+    of Services and EndpointSlices are declared synced only once the Node's
+    first list is in, or `node_wait` seconds have passed (one WARNING), so
+    the first sync sees the Node. Seams for tests:
     `clock` (monotonic seconds), `sleep(seconds)` (default: a wait that
     `stop()` interrupts), `random()` in [0, 1) for timeouts and jitter, and
     the backoff: `backoff_initial` doubling to `backoff_max` after HTTP
@@ -201,6 +204,7 @@ class KubeSource:
         backoff_max: float = 30.0,
         unreachable_max: float = 1.0,
         service_cidr_retry: float = 600.0,
+        node_wait: float = 10.0,
         logger: logging.Logger | None = None,
     ) -> None:
         self.api_client = _without_retries(api_client)
@@ -213,7 +217,9 @@ class KubeSource:
         self.unreachable_max = unreachable_max
         self.service_cidr_retry = service_cidr_retry
         self.log = logger or logging.getLogger(__name__)
+        self.node_wait = node_wait
         self._stopping = threading.Event()
+        self._node_listed = threading.Event()
         self.sleep: Sleep = sleep or self._stopping.wait
         self._informers = [self._informer(r, d) for r, d in self._resources()]
         self.stats: Mapping[str, ResourceStats] = {i.res.name: i.stats for i in self._informers}
@@ -224,6 +230,9 @@ class KubeSource:
         if self._threads:
             raise RuntimeError("KubeSource already started")
         self._stopping.clear()
+        self._node_listed.clear()
+        if not self.node_name:
+            self._node_listed.set()
         for informer in self._informers:
             t = threading.Thread(
                 target=informer.run, name=f"nftproxy-kube-{informer.res.name}", daemon=True
@@ -235,6 +244,7 @@ class KubeSource:
         """Stop the threads: set the stop event, shut down open streams so a
         blocked read returns, join (each for at most `timeout` seconds)."""
         self._stopping.set()
+        self._node_listed.set()  # a list waiting for the Node gives up
         for informer in self._informers:
             informer.abort()
         deadline = time.monotonic() + timeout
@@ -299,21 +309,34 @@ class KubeSource:
     def _pairs(self, method: Callable[[], Callable[[Obj | None, Obj | None], None]],
                kind: str) -> Deliver:
         """Per-object delivery (the handler method is looked up at each call),
-        then on_synced(kind) after the first list."""
+        then on_synced(kind) after the first list -- once this Node's first
+        list is in too (`_await_node`)."""
 
         def deliver(changes: Sequence[Change], store: Mapping[str, Obj], first: bool) -> None:
             fn = method()
             for previous, current in changes:
                 fn(previous, current)
             if first:
+                self._await_node(kind)
                 self.handler.on_synced(kind)
 
         return deliver
+
+    def _await_node(self, kind: str) -> None:
+        """Hold `kind`'s on_synced until this Node's first list was delivered
+        (at most `node_wait` s): the first sync is a full one, and one made
+        without the Node (its addresses, zone, podCIDR) is followed at once
+        by a second full sync when the Node arrives."""
+        if not self._node_listed.wait(self.node_wait):
+            self.log.warning("%s: the Node %s was not listed within %.0fs; syncing without it",
+                             kind, self.node_name, self.node_wait)
 
     def _deliver_node(self, changes: Sequence[Change], store: Mapping[str, Obj],
                       first: bool) -> None:
         if changes or first:
             self.handler.on_node(store.get(self.node_name))
+        if first:
+            self._node_listed.set()
 
     def _deliver_service_cidrs(self, changes: Sequence[Change], store: Mapping[str, Obj],
                                first: bool) -> None:
