@@ -249,14 +249,20 @@ def test_affinity_sets_keep_their_clients_and_stay_dynamic() -> None:
         assert all("dynamic" in s["flags"] for s in after.values())
 
 
+def restarts_in_one_transaction(commits: Commits, objects: Sequence[Obj]) -> None:
+    """A restart over `commits`' table syncs `objects` in ONE transaction,
+    to what a one-transaction restart makes."""
+    commits.sent.clear()
+    restarted(commits, objects, CHUNK).sync()
+    assert len(commits.sent) == 1
+    assert listing(commits) == one_transaction(old_cluster(), objects)[0]
+
+
 def test_a_redeclared_set_means_one_transaction(commits: Commits) -> None:
     old_table(commits, old_cluster())
     changed = [o if o["metadata"]["name"] != "s012" or o["kind"] != "Service"
                else service("s012", "10.96.0.13", affinity_timeout=90) for o in new_cluster()]
-    commits.sent.clear()
-    restarted(commits, changed, CHUNK).sync()
-    assert len(commits.sent) == 1
-    assert listing(commits) == one_transaction(old_cluster(), changed)[0]
+    restarts_in_one_transaction(commits, changed)
 
 
 def test_a_changed_base_chain_hook_means_one_transaction(commits: Commits) -> None:
@@ -267,10 +273,7 @@ def test_a_changed_base_chain_hook_means_one_transaction(commits: Commits) -> No
     obj = {k: base[k] for k in ("family", "table", "name", "type", "hook")}
     commits.commit([{"flush": {"chain": obj}}, {"delete": {"chain": obj}},
                     {"add": {"chain": {**obj, "prio": base["prio"] + 1}}}])
-    commits.sent.clear()
-    restarted(commits, new_cluster(), CHUNK).sync()
-    assert len(commits.sent) == 1
-    assert listing(commits) == one_transaction(old_cluster(), new_cluster())[0]
+    restarts_in_one_transaction(commits, new_cluster())
 
 
 def test_a_table_of_another_layout_means_one_transaction(commits: Commits) -> None:
@@ -282,10 +285,7 @@ def test_a_table_of_another_layout_means_one_transaction(commits: Commits) -> No
     table = {"family": "ip", "table": "nftproxy"}
     commits.commit([{"add": {"map": {**table, "name": "firewall-ips",
                                      "type": "ipv4_addr", "map": "verdict"}}}])
-    commits.sent.clear()
-    restarted(commits, new_cluster(), CHUNK).sync()
-    assert len(commits.sent) == 1
-    assert listing(commits) == one_transaction(old_cluster(), new_cluster())[0]
+    restarts_in_one_transaction(commits, new_cluster())
 
 
 def test_a_missing_skeleton_set_means_one_transaction(commits: Commits) -> None:
@@ -298,10 +298,7 @@ def test_a_missing_skeleton_set_means_one_transaction(commits: Commits) -> None:
     assert chains, "the skeleton matches on firewall-vips"
     commits.commit([*({"flush": {"chain": {**table, "name": c}}} for c in sorted(chains)),
                     {"delete": {"set": {**table, "name": "firewall-vips"}}}])
-    commits.sent.clear()
-    restarted(commits, new_cluster(), CHUNK).sync()
-    assert len(commits.sent) == 1
-    assert listing(commits) == one_transaction(old_cluster(), new_cluster())[0]
+    restarts_in_one_transaction(commits, new_cluster())
 
 
 def test_a_refused_step_raises_and_the_next_sync_converges(commits: Commits) -> None:

@@ -75,7 +75,7 @@ from kubernetes.client.exceptions import ApiException
 from nftproxy.cluster.api_errors import classify, describe, retry_after
 from nftproxy.cluster.events import Obj
 from nftproxy.cluster.retry import Retry
-from nftproxy.cluster.store import Change, PackedStore, difference, pack, unpack
+from nftproxy.cluster.store import Change, PackedStore, difference, pack, unpack, unpacked
 
 __all__ = [
     "ERROR_REASONS",
@@ -446,7 +446,7 @@ class Informer:
             previous = self.store.put(key, data)
             if previous == data:
                 return  # only stripped fields changed (status, managedFields, ...)
-            change = (None if previous is None else unpack(previous), current)
+            change = (unpacked(previous), current)
         self.stats.objects = len(self.store)
         self._deliver([change], first=False)
 

@@ -33,7 +33,9 @@ from typing import overload
 
 from nftproxy.cluster.events import Obj
 
-__all__ = ["Change", "Changes", "PackedChange", "PackedStore", "difference", "pack", "unpack"]
+__all__ = [
+    "Change", "Changes", "PackedChange", "PackedStore", "difference", "pack", "unpack", "unpacked",
+]
 
 Change = tuple[Obj | None, Obj | None]
 """(previous, current): previous None is an add, current None a delete."""
@@ -53,7 +55,8 @@ def unpack(data: bytes) -> Obj:
     return obj
 
 
-def _unpacked(data: bytes | None) -> Obj | None:
+def unpacked(data: bytes | None) -> Obj | None:
+    """`unpack`, None for None (an absent side of a change)."""
     return None if data is None else unpack(data)
 
 
@@ -124,7 +127,7 @@ class Changes(Sequence[Change]):
 
     def __iter__(self) -> Iterator[Change]:
         for previous, current in self._pairs:
-            yield _unpacked(previous), _unpacked(current)
+            yield unpacked(previous), unpacked(current)
 
     @overload
     def __getitem__(self, index: int) -> Change: ...
@@ -136,7 +139,7 @@ class Changes(Sequence[Change]):
         if isinstance(index, slice):
             return Changes(self._pairs[index])
         previous, current = self._pairs[index]
-        return _unpacked(previous), _unpacked(current)
+        return unpacked(previous), unpacked(current)
 
 
 def difference(old: PackedStore, new: PackedStore) -> Changes:

@@ -18,12 +18,12 @@ endpoints: one table's committed state 55.7 -> 35.2 MB).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from nftproxy.core.model import ServicePortName
 from nftproxy.core.rules.fragment import CompactFragment, Element, Key
 
-__all__ = ["ElemId", "ElementIndex", "Owner", "Resolver"]
+__all__ = ["ElemId", "ElementIndex", "Owner", "Resolver", "winner_of"]
 
 Owner = ServicePortName | str
 ElemId = tuple[str, Key]
@@ -35,15 +35,28 @@ class _Owners(tuple[Owner, ...]):
     __slots__ = ()
 
 
+def winner_of(owners: Sequence[Owner]) -> Owner | None:
+    """Who wins a key the `owners` claim: the first by name (the first of
+    equal names), None for nobody."""
+    if len(owners) < 2:
+        return owners[0] if owners else None
+    return min(owners, key=str)
+
+
 def _order(owners: Iterable[Owner]) -> Owner | _Owners:
     """One claimant bare, more in winner order (stable: equal names keep
-    the order they claimed in)."""
+    the order they claimed in, so the head is `winner_of` them)."""
     out = tuple(owners)
     return out[0] if len(out) == 1 else _Owners(sorted(out, key=str))
 
 
 def _as_tuple(claim: Owner | _Owners) -> tuple[Owner, ...]:
     return claim if isinstance(claim, _Owners) else (claim,)
+
+
+def _head(claim: Owner | _Owners) -> Owner:
+    """The winner of a stored claim."""
+    return claim[0] if isinstance(claim, _Owners) else claim
 
 
 _NOBODY: Mapping[Key, Owner | _Owners] = {}
@@ -76,14 +89,13 @@ class ElementIndex:
 
     def winner(self, set_name: str, key: Key) -> Owner | None:
         claim = self._sets.get(set_name, _NOBODY).get(key)
-        return claim[0] if isinstance(claim, _Owners) else claim
+        return None if claim is None else _head(claim)
 
     def won(self, owner: Owner, elements: Iterable[Element]) -> Iterator[Element]:
         """Those of `owner`'s elements that it wins (all claimed by it)."""
         sets = self._sets
         for e in elements:
-            claim = sets[e.set_name][e.key]
-            winner = claim[0] if isinstance(claim, _Owners) else claim
+            winner = _head(sets[e.set_name][e.key])
             if winner is owner or winner == owner:
                 yield e
 

@@ -31,12 +31,12 @@ are in the owners' fragments.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from nftproxy.core.model import IPFamily
-from nftproxy.core.nft.claims import ElementIndex, ElemId, Owner, Resolver
+from nftproxy.core.nft.claims import ElementIndex, ElemId, Owner, Resolver, winner_of
 from nftproxy.core.nft.listing import ListedSet, TableListing
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.rules.fragment import (
@@ -117,6 +117,16 @@ class TableState:
             owner, old.elements if old else (), fragment.elements if fragment else ()
         )
 
+    def take(self, fresh: TableState) -> None:
+        """Become `fresh` (a state built for a full sync), keeping identity."""
+        self.fragments, self.chains, self.sets = fresh.fragments, fresh.chains, fresh.sets
+        self.index, self.stale_chains, self.stale_sets = (
+            fresh.index,
+            fresh.stale_chains,
+            fresh.stale_sets,
+        )
+        self.rule_count = fresh.rule_count
+
     def effective(self, elem_id: ElemId) -> Element | None:
         """The element the kernel holds for the id: its winner's."""
         owner = self.index.winner(*elem_id)
@@ -185,6 +195,15 @@ def _remove_chain(b: _Batch, t: Table, name: str, *, defer: bool, stale: set[str
         b.del_chains.append(t.delete_chain(name))
 
 
+def _remove_set(
+    b: _Batch, t: Table, name: str, is_map: bool, *, defer: bool, stale: dict[str, bool]
+) -> None:
+    if defer:
+        stale[name] = is_map
+    else:
+        b.del_sets.append(t.delete_set(name, is_map=is_map))
+
+
 def _add_set(b: _Batch, t: Table, decl: SetDecl) -> None:
     b.add_sets.append(t.add_set(decl))
     b.add_sets += t.add_set_elements(decl.name, decl.elements)
@@ -215,10 +234,7 @@ def _diff_sets(
             b.add_sets += [t.flush_set(decl), *t.add_set_elements(name, decl.elements)]
     for name, prev in old.items():
         if name not in new:
-            if defer:
-                stale_sets[name] = bool(prev.map)
-            else:
-                b.del_sets.append(t.delete_set(name, is_map=bool(prev.map)))
+            _remove_set(b, t, name, bool(prev.map), defer=defer, stale=stale_sets)
     return redeclared
 
 
@@ -251,13 +267,6 @@ def _diff_chains(
             _remove_chain(b, t, name, defer=defer, stale=stale)
 
 
-def _winner(owners: list[Owner]) -> Owner | None:
-    """The first by name (the first of equals), or None for nobody."""
-    if len(owners) < 2:
-        return owners[0] if owners else None
-    return min(owners, key=str)
-
-
 def _claimed(
     owner: Owner, elem_id: ElemId, changed: Mapping[Owner, Element], committed: Resolver
 ) -> Element | None:
@@ -285,7 +294,7 @@ def _diff_elements(b: _Batch, state: TableState, changes: Mapping[Owner, _Change
         owners = state.index.owners(*elem_id)
         stay = [o for o in owners if o not in olds]
         before = _claimed(owners[0], elem_id, olds, committed) if owners else None
-        winner = _winner([*stay, *news])
+        winner = winner_of([*stay, *news])
         after = None if winner is None else _claimed(winner, elem_id, news, committed)
         if before == after:
             continue
@@ -348,10 +357,7 @@ def _full_sets(
     for name, ks in kernel.sets.items():
         decl = desired.get(name)
         if decl is None:
-            if defer:
-                stale_sets[name] = ks.map is not None
-            else:
-                b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
+            _remove_set(b, t, name, ks.map is not None, defer=defer, stale=stale_sets)
         elif not _same_declaration(t, decl, ks):
             b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
         elif decl.dynamic:
@@ -386,26 +392,13 @@ def _full_chains(
         _write_chain(b, t, chain, exists=exists)
 
 
-def _winners(state: TableState, *, last_only: bool) -> dict[str, list[Element]]:
-    """Per set, the elements the state claims, as their winners rendered
-    them; `last_only`: where an owner rendered a key twice, its last."""
-    adds: dict[str, list[Element]] = {}
-    for owner, fragment in state.fragments.items():
-        won: Iterable[Element] = state.index.won(owner, fragment.elements)
-        if last_only:
-            won = {(e.set_name, e.key): e for e in won}.values()
-        for e in won:
-            adds.setdefault(e.set_name, []).append(e)
-    return adds
-
-
 def _add_winners(b: _Batch, state: TableState) -> None:
-    """Add every element the state claims, each once."""
-    adds = _winners(state, last_only=False)
-    if sum(map(len, adds.values())) != len(state.index):
-        adds = _winners(state, last_only=True)
-    for name, elements in adds.items():
-        b.add_elems.setdefault(name, []).extend(elements)
+    """Add every element the state claims, each once, as its winner rendered
+    it (where an owner rendered a key twice, its last)."""
+    for owner, fragment in state.fragments.items():
+        won = {(e.set_name, e.key): e for e in state.index.won(owner, fragment.elements)}
+        for e in won.values():
+            b.add_elems.setdefault(e.set_name, []).append(e)
 
 
 def stage_full(
@@ -430,17 +423,8 @@ def stage_full(
     _add_winners(b, fresh)
     commands = b.commands(t)
 
-    def record() -> None:
-        state.fragments, state.chains, state.sets = fresh.fragments, fresh.chains, fresh.sets
-        state.index, state.stale_chains, state.stale_sets = (
-            fresh.index,
-            fresh.stale_chains,
-            fresh.stale_sets,
-        )
-        state.rule_count = fresh.rule_count
-
     counts = {"owners": len(desired), "elements": len(fresh.index)}
-    return Staged(commands, record, counts)
+    return Staged(commands, lambda: state.take(fresh), counts)
 
 
 def stage_gc(state: TableState) -> Staged:

@@ -34,14 +34,13 @@ would); the earlier ones record nothing, so a refused step leaves the record
 as it was and the next (full) sync lists again: every step is idempotent
 over any intermediate table.
 
-Uses plan.py's private `_Batch`, `_add_winners`, `_remove_chain` and
-`_same_declaration` (one planner, two ways to cut it).
+Uses plan.py's private `_Batch`, `_add_winners`, `_remove_chain`,
+`_remove_set`, `_write_chain` and `_same_declaration` (one planner, two ways to cut it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import fields
 
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.ops import Table
@@ -52,7 +51,9 @@ from nftproxy.core.nft.plan import (
     _add_winners,
     _Batch,
     _remove_chain,
+    _remove_set,
     _same_declaration,
+    _write_chain,
 )
 from nftproxy.core.rules.fragment import Fragment, SetDecl
 from nftproxy.core.rules.names import is_affinity_set
@@ -93,13 +94,6 @@ def resyncable(
     return True
 
 
-def _record(state: TableState, fresh: TableState) -> None:
-    """Make `state` the fresh one (every field but its identity)."""
-    for f in fields(TableState):
-        if f.name not in ("family", "table"):
-            setattr(state, f.name, getattr(fresh, f.name))
-
-
 class ResyncPlan:
     """The steps of one family's chunked full sync over `listing` (None: the
     table is absent, every object is added). Take `step` for the skeleton
@@ -123,10 +117,7 @@ class ResyncPlan:
             self._fresh.adopt(owner, fragment)
             b.add_sets += [t.add_set(s) for s in fragment.sets if s.name not in listed.sets]
             for chain in fragment.chains:
-                if chain.name in listed.chains:
-                    b.flush.append(t.flush_chain(chain.name))
-                b.add_chains.append(t.add_chain(chain))
-                b.add_rules += t.add_rules(chain)
+                _write_chain(b, t, chain, exists=chain.name in listed.chains)
         return Staged(b.commands(t), lambda: None, {"owners": len(desired)})
 
     def final(self) -> Staged:
@@ -140,12 +131,9 @@ class ResyncPlan:
             if name not in wanted:
                 _remove_chain(b, t, name, defer=self._defer, stale=fresh.stale_chains)
         for name, ks in listed.sets.items():
-            if name in fresh.sets:
-                continue
-            if self._defer:
-                fresh.stale_sets[name] = ks.map is not None
-            else:
-                b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
+            if name not in fresh.sets:
+                _remove_set(b, t, name, ks.map is not None, defer=self._defer,
+                            stale=fresh.stale_sets)
         for decl in fresh.sets.values():
             if decl.dynamic:
                 continue
@@ -154,4 +142,4 @@ class ResyncPlan:
             b.add_sets += t.add_set_elements(decl.name, decl.elements)
         _add_winners(b, fresh)
         counts = {"owners": len(fresh.fragments), "elements": len(fresh.index)}
-        return Staged(b.commands(t), lambda: _record(self._state, fresh), counts)
+        return Staged(b.commands(t), lambda: self._state.take(fresh), counts)
