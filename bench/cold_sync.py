@@ -93,6 +93,9 @@ class Metered:
         self.user += r1.ru_utime - r0.ru_utime
         self.sys += r1.ru_stime - r0.ru_stime
 
+    def declare(self, texts: Any) -> None:
+        self.inner.declare(texts)
+
     def list_table_objects(self, family: str, table: str) -> Any:
         return self.inner.list_table_objects(family, table)
 

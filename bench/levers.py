@@ -101,6 +101,10 @@ class _Collector:
         self.pending += commands
         self.fresh = self.fresh or fresh
 
+    def declare(self, texts: Any) -> None:
+        """nft text declarations (libnftables 1.0.6): sent at once."""
+        self.backend.declare(texts)
+
     def list_table_objects(self, family: str, table: str) -> Any:
         return self.backend.list_table_objects(family, table)
 

@@ -36,8 +36,9 @@ from nftproxy.core.model import (
 )
 from nftproxy.core.rules import names
 from nftproxy.core.rules.detect import local_detector
-from nftproxy.core.rules.fragment import Chain, Fragment, Key, Rule, Verdict
+from nftproxy.core.rules.fragment import Chain, Element, Fragment, Key, Rule, Target, Verdict
 from nftproxy.core.rules.service import RenderContext, RenderedPort, render_service_port
+from nftproxy.core.rules.skeleton import is_endpoints_map
 
 __all__ = [
     "AFFINITY",
@@ -160,8 +161,8 @@ def chain_of(fragment: Fragment, name: str) -> Chain:
     return found[0]
 
 
-def elements_of(fragment: Fragment, set_name: str) -> dict[Key, Verdict | None]:
-    return {e.key: e.verdict for e in fragment.elements if e.set_name == set_name}
+def elements_of(fragment: Fragment, set_name: str) -> dict[Key, Verdict | Target | None]:
+    return {e.key: e.value for e in fragment.elements if e.set_name == set_name}
 
 
 # --- the service-port tests' named ports, chains and readings -------------------
@@ -220,18 +221,38 @@ def labels(port: ServicePort) -> dict[str, str]:
     }
 
 
-def _verdict_label(v: Verdict | None, lab: Mapping[str, str]) -> str | None:
-    if v is None:
-        return None
+def _verdict_label(v: Verdict | Target | None, lab: Mapping[str, str]) -> str | None:
+    if v is None or isinstance(v, Target):
+        return None if v is None else str(v)
     return f"{v.kind} {lab[v.target]}" if v.target else v.kind
 
 
 def dispatch(fragment: Fragment, lab: Mapping[str, str]) -> Elements:
-    """set name -> {key: verdict label (None in plain sets)}, for every element."""
+    """set name -> {key: verdict label (None in plain sets)}, for every
+    element but the endpoints maps' (a chooser's: `rules_of` shows them)."""
     out: Elements = {}
     for e in fragment.elements:
-        out.setdefault(e.set_name, {})[e.key] = _verdict_label(e.verdict, lab)
+        if not is_endpoints_map(e.set_name):
+            out.setdefault(e.set_name, {})[e.key] = _verdict_label(e.value, lab)
     return out
+
+
+def picks(*ips: str, port: int = 80, protocol: str = "tcp") -> str:
+    """How `rules_of` shows a chooser's one rule that picks, with equal
+    chances, one of these endpoints from its endpoints map."""
+    targets = ", ".join(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips)
+    return f"meta l4proto {protocol} dnat to one of {targets}"
+
+
+def picked(fragment: Fragment, rule: Rule) -> list[Element]:
+    """The endpoints-map elements a chooser's map rule picks from, in index
+    order (asserting there is one for every index)."""
+    (dnat,) = [s["dnat"] for s in rule.expr if "dnat" in s]
+    parts = dnat["addr"]["map"]["key"]["concat"]
+    fixed = tuple(p["numgen"]["offset"] for p in parts[:-1])
+    name = dnat["addr"]["map"]["data"].lstrip("@")
+    mine = {e.key: e for e in fragment.elements if e.set_name == name}
+    return [mine[(*fixed, i)] for i in range(parts[-1]["numgen"]["mod"])]
 
 
 def hairpin(*ips: str) -> Elements:
@@ -264,7 +285,11 @@ def _value(v: Any) -> str:
         if "fib" in v:
             return f"fib {' . '.join(v['fib']['flags'])} {v['fib']['result']}"
         if "numgen" in v:
-            return f"numgen {v['numgen']['mode']} mod {v['numgen']['mod']}"
+            ng = v["numgen"]
+            offset = f" offset {ng['offset']}" if ng.get("offset") else ""
+            return f"numgen {ng['mode']} mod {ng['mod']}{offset}"
+        if "map" in v:
+            return f"{_value(v['map']['key'])} map {v['map']['data']}"
         if "prefix" in v:
             return f"{v['prefix']['addr']}/{v['prefix']['len']}"
         if "set" in v:
@@ -294,6 +319,8 @@ def _statement(s: Mapping[str, Any]) -> str:
         return kind
     if kind == "dnat":
         addr = body["addr"]
+        if isinstance(addr, dict):
+            return f"dnat {body['family']} to {_value(addr)}"
         return f"dnat to {f'[{addr}]' if ':' in addr else addr}:{body['port']}"
     if kind == "set":
         return f"{body['op']} {body['set']} {{ {_value(body['elem'])} }}"
@@ -313,5 +340,19 @@ def text(rule: Rule) -> str:
     return " ".join(_statement(s) for s in rule.expr)
 
 
+def _is_map_pick(rule: Rule) -> bool:
+    return any("dnat" in s and isinstance(s["dnat"]["addr"], dict) for s in rule.expr)
+
+
 def rules_of(fragment: Fragment, chain: str) -> list[str]:
-    return [text(r) for r in chain_of(fragment, chain).rules]
+    """The chain's rules in nft syntax; a chooser's map rule as `picks` of
+    the endpoints its elements DNAT to."""
+    out = []
+    for r in chain_of(fragment, chain).rules:
+        if _is_map_pick(r):
+            proto = text(r).split()[2]
+            targets = ", ".join(str(e.value) for e in picked(fragment, r))
+            out.append(f"meta l4proto {proto} dnat to one of {targets}")
+        else:
+            out.append(text(r))
+    return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -117,13 +118,15 @@ def our_table(doc: Mapping[str, Any], family: str) -> dict[str, Any] | None:
 
 
 def tables(ns: str) -> dict[str, Any]:
-    """Our two tables by family, compared by content (None: absent)."""
+    """Our two tables by family, compared by content (None: absent), the
+    endpoints maps' generation left out (a resync in steps fills the next)."""
     doc = json.loads(kernel.nft(ns, "-j", "list", "ruleset"))
     out: dict[str, Any] = {}
     for family in ("ip", "ip6"):
         table = our_table(doc, family)
         out[family] = kernel.canonical(table) if table is not None else None
-    return out
+    text = re.sub(r"(endpoints-(?:tcp|udp|sctp)-)[a-z]\b", r"\1a", json.dumps(out))
+    return dict(json.loads(text))
 
 
 Counts = tuple[int, int, int, int]
@@ -221,17 +224,47 @@ class UdpFlow(Background):
         self.sock.close()
 
 
+def _elem_key(key: Any) -> Any:
+    val = key["elem"]["val"] if isinstance(key, dict) and "elem" in key else key
+    return tuple(val["concat"]) if isinstance(val, dict) and "concat" in val else val
+
+
+def _map_targets(addr: Mapping[str, Any], sets: Mapping[str, list[Any]]) -> list[str]:
+    """The addresses a `dnat to <fixed> . numgen random mod N map @m` picks
+    from: elements (F1, F2, 0..N-1) of m, those present."""
+    parts = addr["map"]["key"]["concat"]
+    fixed = tuple(p["numgen"].get("offset", 0) for p in parts[:-1])
+    count = parts[-1]["numgen"]["mod"]
+    values = {_elem_key(k): v for k, v in sets.get(addr["map"]["data"].lstrip("@"), [])}
+    picked = (values.get((*fixed, i)) for i in range(count))
+    return [v["concat"][0] for v in picked if v is not None]
+
+
+def chain_dnat_targets(doc: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Per chain of a listed table (libnftables JSON), the addresses its dnat
+    rules send to: inline ones, and an endpoints map's elements it picks."""
+    objs = [next(iter(o.items())) for o in doc.get("nftables", ())]
+    sets = {o["name"]: o.get("elem", []) for k, o in objs if k in ("set", "map")}
+    out: dict[str, list[str]] = {}
+    for kind, o in objs:
+        if kind != "rule":
+            continue
+        for e in o["expr"]:
+            if "dnat" not in e:
+                continue
+            addr = e["dnat"]["addr"]
+            targets = _map_targets(addr, sets) if isinstance(addr, dict) else [addr]
+            out.setdefault(o["chain"], []).extend(targets)
+    return out
+
+
 def service_shapes(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """Per cluster IP in `service-ips` of a listed table (libnftables JSON):
     (the dnat rules of the chain it goes to, how many of their endpoints have
     their hairpin element) -- a whole service of n endpoints is (n, n)."""
     objs = [next(iter(o.items())) for o in doc.get("nftables", ())]
     sets = {o["name"]: o.get("elem", []) for k, o in objs if k in ("set", "map")}
-    dnats: dict[str, list[str]] = {}
-    for kind, o in objs:
-        if kind == "rule":
-            dnats.setdefault(o["chain"], []).extend(
-                e["dnat"]["addr"] for e in o["expr"] if "dnat" in e)
+    dnats = chain_dnat_targets(doc)
     hairpin = {e["concat"][0] for e in sets.get("hairpin-endpoints", [])}
     out = {}
     for key, verdict in sets.get("service-ips", []):

@@ -61,7 +61,7 @@ from nftproxy.core.nft.plan import (
 )
 from nftproxy.core.rules import names
 from nftproxy.core.rules.fragment import BaseHook, Fragment, SetDecl
-from nftproxy.core.rules.skeleton import render_skeleton
+from nftproxy.core.rules.skeleton import is_endpoints_map, render_skeleton
 from nftproxy.kernel.fake import FakeBackend
 
 V4 = IPFamily.IPV4
@@ -212,6 +212,7 @@ def apply(state: Synced, kernel: FakeBackend, staged: Staged,
     """Commit a planned transaction to the (fake) kernel, then record it
     (with the fragments it was planned from: all of them if `full`)."""
     check_order(staged.commands)
+    kernel.declare(staged.declarations)
     kernel.commit(staged.commands)
     staged.commit()
     if full:
@@ -380,6 +381,9 @@ def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
     state, kernel = table(0, svc1=frag(SVC1, [local_ep]))
     commands = partial(state, kernel, {SVC1.name: frag(itp_local, [local_ep])})
     elems = [(v, name, spec["elem"]) for v, k, name, spec in _ops(commands) if k == "element"]
+    moved = [(v, n) for v, n, _ in elems if is_endpoints_map(n)]
+    assert moved == [("delete", "endpoints-tcp-a"), ("add", "endpoints-tcp-a")]  # SVC's -> SVL's
+    elems = [e for e in elems if not is_endpoints_map(e[1])]
     key = {"concat": ["172.30.0.41", "tcp", 80]}
     assert [(v, n) for v, n, _ in elems] == [("delete", "service-ips"), ("add", "service-ips")]
     assert elems[0][2] == [key]
@@ -564,27 +568,28 @@ AE, DE = "add element", "delete element"
 
 SIZES = [
     # (starting fragment of ns1/svc1 or None, its new fragment or None, commands by kind)
-    pytest.param(None, _one_endpoint(), {AC: 1, AR: 2, AE: 3},
+    pytest.param(None, _one_endpoint(), {AC: 1, AR: 2, AE: 4},
                  id="add a ClusterIP service with one endpoint"),
-    # chain SVC; rules: masquerade + dnat; elements: cluster-ips, service-ips,
-    # hairpin-endpoints (one command per set)
-    pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {FC: 1, AC: 1, AR: 2, DE: 1, AE: 1},
+    # chain SVC; rules: masquerade + the endpoints-map pick; elements: cluster-ips,
+    # service-ips, hairpin-endpoints, endpoints-tcp-a (one command per set)
+    pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {DE: 2, AE: 2},
                  id="change one endpoint's IP"),
-    # SVC rewritten (flush, add, 2 rules); hairpin element EP1 . EP1 -> EP2 . EP2
-    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {FC: 1, AC: 1, AR: 3, AE: 1},
+    # elements only: hairpin EP1 . EP1 -> EP2 . EP2, endpoints-tcp-a (F1, F2, 0) -> EP2
+    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {FC: 1, AC: 1, AR: 2, AE: 2},
                  id="add a second endpoint"),
-    # SVC rewritten (flush, add, masquerade + numgen-dnat + dnat); hairpin EP2 . EP2
-    pytest.param(_one_endpoint(), None, {FC: 1, DE: 3, DC: 1}, id="delete the service"),
-    # SVC flushed and deleted; cluster-ips, service-ips, hairpin elements deleted
+    # SVC rewritten (its pick goes mod 2); hairpin EP2 . EP2, endpoints-tcp-a (F1, F2, 1)
+    pytest.param(_one_endpoint(), None, {FC: 1, DE: 4, DC: 1}, id="delete the service"),
+    # SVC flushed and deleted; cluster-ips, service-ips, hairpin, endpoints elements deleted
     pytest.param(_one_endpoint(), _one_endpoint(), {}, id="no change"),
-    pytest.param(_one_endpoint(), frag(SVC1), {FC: 1, DE: 2, AE: 1, DC: 1},
+    pytest.param(_one_endpoint(), frag(SVC1), {FC: 1, DE: 3, AE: 1, DC: 1},
                  id="endpoints become none"),
-    # SVC flushed and deleted; service-ips -> no-endpoint-services (reject), hairpin gone
+    # SVC flushed and deleted; service-ips -> no-endpoint-services (reject), hairpin
+    # and endpoints elements gone
     pytest.param(None, frag(SVC1), {AE: 2}, id="add a service without endpoints"),
     # cluster-ips and no-endpoint-services elements
-    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AC: 1, AR: 2, AE: 2},
+    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AC: 1, AR: 2, AE: 3},
                  id="its first endpoint"),
-    # no-endpoint-services -> service-ips + hairpin, chain SVC with its 2 rules
+    # no-endpoint-services -> service-ips + hairpin + endpoints, chain SVC with its 2 rules
 ]
 
 
@@ -637,12 +642,12 @@ def test_two_claimants_resolve_to_the_same_winner_whatever_the_order(order: str)
     key = ("service-ips", (SAME_IP, "tcp", 80))
     winner = state.effective(key)
     assert winner is not None
-    assert winner.verdict is not None
-    assert winner.verdict.target == names.service_chain(A.name)  # ns1/a sorts before ns2/b
+    assert winner.value is not None
+    assert winner.value.target == names.service_chain(A.name)  # ns1/a sorts before ns2/b
     assert_same_as_full(state, kernel)
     # the loser takes over when the winner leaves
     partial(state, kernel, {A.name: None})
-    assert state.effective(key).verdict.target == names.service_chain(B.name)  # type: ignore[union-attr]
+    assert state.effective(key).value.target == names.service_chain(B.name)  # type: ignore[union-attr]
     assert_same_as_full(state, kernel)
 
 

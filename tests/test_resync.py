@@ -110,12 +110,17 @@ def commits() -> Iterator[Commits]:
 
 
 def one_transaction(objects_before: Sequence[Obj], objects: Sequence[Obj],
-                    version: str = "1.0.6") -> tuple[str, Proxier, FakeBackend]:
-    """The table, proxier and backend of a one-transaction restart sync."""
+                    version: str = "1.0.6", generation: str = "b"
+                    ) -> tuple[str, Proxier, FakeBackend]:
+    """The table, proxier and backend of a one-transaction restart sync,
+    its choosers picking from the endpoints maps of `generation` (a restart
+    in steps over a table of generation "a" fills "b")."""
     backend = Recording() if version == "1.0.6" else FakeBackend(version=version)
     backend.start()
     old_table(backend, objects_before)
     proxier = restarted(backend, objects, 10**9)
+    for family in (IPFamily.IPV4, IPFamily.IPV6):
+        proxier.table_state(family).generation = generation
     assert proxier.sync().full
     return listing(backend), proxier, backend
 
@@ -164,8 +169,12 @@ def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> 
     assert sizes[0] < whole / 2 and max(sizes[1:]) < whole / 5, (sizes, whole)
     final = commits.sent[-1]
     assert not any("rule" in body for c in final for body in c.values())
-    assert all("element" not in body
-               for step in commits.sent[:-1] for c in step for body in c.values())
+    # before the final step, elements only of the new endpoints maps, with their choosers
+    stepped = {body["element"]["name"] for step in commits.sent[:-1] for c in step
+               for body in c.values() if "element" in body}
+    assert stepped == {"endpoints-tcp-b"}
+    assert not any("element" in body and body["element"]["name"].startswith("endpoints-")
+                   for c in final for body in c.values())
     single.close()
 
 
@@ -255,7 +264,7 @@ def restarts_in_one_transaction(commits: Commits, objects: Sequence[Obj]) -> Non
     commits.sent.clear()
     restarted(commits, objects, CHUNK).sync()
     assert len(commits.sent) == 1
-    assert listing(commits) == one_transaction(old_cluster(), objects)[0]
+    assert listing(commits) == one_transaction(old_cluster(), objects, generation="a")[0]
 
 
 def test_a_redeclared_set_means_one_transaction(commits: Commits) -> None:
@@ -310,8 +319,9 @@ def test_a_refused_step_raises_and_the_next_sync_converges(commits: Commits) -> 
         proxier.sync()
     assert len(commits.sent) == 3
     report = proxier.sync()
-    assert report.full and len(commits.sent) > 5
-    assert listing(commits) == one_transaction(old_cluster(), new_cluster())[0]
+    assert report.full and len(commits.sent) > 5  # in steps again: they fill generation "c"
+    want = one_transaction(old_cluster(), new_cluster(), generation="c")[0]
+    assert listing(commits) == want
 
 
 class OldKernel(Commits):
@@ -339,4 +349,5 @@ def test_after_ebusy_the_final_step_leaves_chains_flushed_for_a_later_delete() -
         assert proxier.table_state(IPFamily.IPV4).stale_chains
         proxier.sync()  # deletes them first
         assert not proxier.table_state(IPFamily.IPV4).stale_chains
-        assert listing(backend) == one_transaction(old_cluster(), new_cluster())[0]
+        want = one_transaction(old_cluster(), new_cluster(), generation="c")[0]
+        assert listing(backend) == want  # "a" went with the old chains, "b" with the refused try

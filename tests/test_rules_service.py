@@ -10,9 +10,10 @@ kube-proxy's words (docs/kube-proxy-semantics.md, upstream-nftables-notes.md
 - masquerade decisions per local-traffic detector and per protocol;
 - every private renderer has a test in one of the three modules (meta-test
   at the end).
-test_rules_service_endpoints.py: the numgen cascade, endpoint comments,
-hairpin, IPv6, session affinity. test_rules_service_external.py: KUBE-EXT,
-source ranges, whole-fragment properties, the printer.
+test_rules_service_endpoints.py: the chooser's map pick and its endpoints-map
+elements, endpoint comments, hairpin, IPv6, session affinity's cascade.
+test_rules_service_external.py: KUBE-EXT, source ranges, whole-fragment
+properties, the printer.
 
 Rules are read through builders.text() (nft syntax; fails on unknown shapes);
 the named ports, chains and addresses the cases use are builders' too.
@@ -51,10 +52,10 @@ from builders import (
     endpoint,
     hairpin,
     labels,
+    picks,
     render,
     rules_of,
     service_port,
-    to,
 )
 
 from nftproxy.core.config import DetectLocalMode, ProxyConfig
@@ -347,7 +348,7 @@ def test_cluster_ip_masquerade_rule_comes_first_in_kube_svc(
     config: ProxyConfig, masq_rule: str
 ) -> None:
     fragment = render(SVC1, REMOTE, config=config).fragment
-    assert rules_of(fragment, SVC) == [masq_rule, to(EP1)]
+    assert rules_of(fragment, SVC) == [masq_rule, picks(EP1)]
 
 
 @pytest.mark.parametrize(
@@ -363,7 +364,7 @@ def test_cluster_ip_masquerade_rule_comes_first_in_kube_svc(
 def test_without_a_detector_cluster_ip_traffic_is_never_masqueraded(config: ProxyConfig) -> None:
     assert context(config=config).detector is None
     fragment = render(SVC1, REMOTE, config=config).fragment
-    assert rules_of(fragment, SVC) == [to(EP1)]
+    assert rules_of(fragment, SVC) == [picks(EP1)]
 
 
 def test_without_a_detector_masquerade_all_still_masquerades() -> None:
@@ -376,14 +377,14 @@ def test_node_cidr_detector_without_pod_cidr_is_no_detector() -> None:
     config = replace(CONFIG, detect_local_mode=DetectLocalMode.NODE_CIDR)
     node = replace(NODE, pod_cidrs=())
     fragment = render(SVC1, REMOTE, config=config, node=node).fragment
-    assert rules_of(fragment, SVC) == [to(EP1)]
+    assert rules_of(fragment, SVC) == [picks(EP1)]
 
 
 def test_itp_local_masquerade_rule_lives_in_kube_svl() -> None:
     fragment = render(ITP_LOCAL, LOCAL_AND_REMOTE).fragment
     assert rules_of(fragment, SVL) == [
         f"ip daddr {CIP} tcp dport 80 ip saddr != 10.0.0.0/8 {MASQ}",
-        to(EP1),
+        picks(EP1),
     ]
 
 
@@ -413,7 +414,8 @@ RENDERER_TESTS = {
     "_masquerade_rule": "test_cluster_ip_masquerade_rule_comes_first_in_kube_svc",
     "_endpoint_tail": "test_endpoint_rule_dnats_with_the_service_protocol",
     "_endpoint_comment": "test_endpoint_comments_name_the_endpoint_by_its_kube_sep_identity",
-    "_chooser_rules": "test_cascade_picks_each_endpoint_with_probability_one_over_n",
+    "_affinity_rules": "test_affinity_lookups_come_after_masquerade_and_before_the_cascade",
+    "_map_pick": "test_map_pick_picks_each_endpoint_with_probability_one_over_n",
     "_policy_chains": "test_etp_local_local_chain_contains_only_local_endpoints",
     "_external_chain": "test_etp_local_external_chain_short_circuits_pods_and_host",
     "_firewall_elements": "test_source_ranges_are_firewall_vips_and_firewall_allow_elements",

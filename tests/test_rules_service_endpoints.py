@@ -2,12 +2,14 @@
 
 Aspects, each in kube-proxy's words (docs/kube-proxy-semantics.md,
 upstream-nftables-notes.md §1.5-§1.15), in ruleset v2's shapes:
-- the numgen cascade DNATs inline, uniform over the endpoints, in endpoint
-  order, with the service's protocol; each rule names its endpoint by
-  kube-proxy's KUBE-SEP-<h> in its comment (within nft's 128 bytes);
+- the chooser's one map pick: uniform over the endpoints-map elements the
+  port owns, one index per endpoint in endpoint order, each naming its
+  endpoint by kube-proxy's KUBE-SEP-<h> in its comment (within nft's 128
+  bytes), with the service's protocol; a changed endpoint is elements only;
 - hairpin: an (endpoint . endpoint) element per reachable endpoint;
 - IPv6 ports: ip6 matches, bracketed DNAT addresses, ipv6_addr affinity sets;
-- session affinity: lookup, refresh, DNAT per endpoint before the cascade.
+- session affinity: lookup, refresh, DNAT per endpoint before the numgen
+  cascade, which DNATs inline.
 Rules are read through builders.text() (nft syntax; fails on unknown shapes);
 dispatch, masquerade and the renderer meta-test live in test_rules_service.py.
 """
@@ -41,6 +43,8 @@ from builders import (
     endpoint,
     hairpin,
     labels,
+    picked,
+    picks,
     render,
     rules_of,
     sep,
@@ -52,69 +56,98 @@ from builders import (
 from nftproxy.core.model import Endpoint, IPFamily, L4Protocol, SessionAffinity
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
-from nftproxy.core.rules.fragment import Rule
+from nftproxy.core.rules.fragment import Element, Fragment, Rule, Target, compact_chain
 
-# --- the cascade: inline DNAT ------------------------------------------------------
+# --- the chooser: one map pick --------------------------------------------------
 
 
-def _probabilities(rules: list[Rule]) -> dict[str, Fraction]:
-    """Chance of being DNATed to each endpoint, reading each rule's numgen match:
-    `numgen random mod m == 0` matches with probability 1/m, no match means 1."""
-    reach, out = Fraction(1), dict[str, Fraction]()
-    for rule in rules:
-        p = Fraction(1)
-        for s in rule.expr:
-            if "match" in s and "numgen" in s["match"]["left"]:
-                assert s["match"]["right"] == 0 and s["match"]["op"] == "=="
-                p = Fraction(1, s["match"]["left"]["numgen"]["mod"])
-        target = dnat_to(rule)
-        out[target] = out.get(target, Fraction(0)) + reach * p
-        reach *= 1 - p
-    assert reach == 0, "the last rule of the cascade must always match"
+def _pick_rule(n: int, chain: str = SVC, protocol: str = "tcp", family: str = "ip") -> str:
+    """The chooser's one rule in nft syntax: key (F1, F2, i), i uniform over 0..n-1."""
+    f1, f2 = names.endpoints_key(chain)
+    return (f"meta l4proto {protocol} dnat {family} to numgen random mod 1 offset {f1} . "
+            f"numgen random mod 1 offset {f2} . numgen random mod {n} "
+            f"map @endpoints-{protocol}-a")
+
+
+def _map_probabilities(fragment: Fragment, rule: Rule) -> dict[str, Fraction]:
+    """Chance of being DNATed to each endpoint, reading the map rule's key:
+    `numgen random mod 1 offset F` is the constant F, the last part
+    `numgen random mod n` picks each index 0..n-1 with probability 1/n, and
+    `picked` asserts one element per index."""
+    (dnat,) = [s["dnat"] for s in rule.expr if "dnat" in s]
+    *fixed, index = dnat["addr"]["map"]["key"]["concat"]
+    assert all(part["numgen"]["mod"] == 1 for part in fixed)
+    assert "offset" not in index["numgen"]
+    n, out = index["numgen"]["mod"], dict[str, Fraction]()
+    for element in picked(fragment, rule):
+        out[str(element.value)] = out.get(str(element.value), Fraction(0)) + Fraction(1, n)
     return out
 
 
+def _map_elements(fragment: Fragment) -> list[Element]:
+    return [e for e in fragment.elements if sk.is_endpoints_map(e.set_name)]
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
-def test_cascade_picks_each_endpoint_with_probability_one_over_n(n: int) -> None:
+def test_map_pick_picks_each_endpoint_with_probability_one_over_n(n: int) -> None:
     eps = tuple(endpoint(f"10.180.0.{i + 1}") for i in range(n))
     fragment = render(SVC1, eps).fragment
-    cascade = list(chain_of(fragment, SVC).rules[1:])  # after the masquerade rule
-    assert [text(r) for r in cascade] == [
-        *(f"numgen random mod {n - i} 0 {to(ep.ip)}" for i, ep in enumerate(eps[:-1])),
-        to(eps[-1].ip),
-    ]
-    assert _probabilities(cascade) == {ep.address: Fraction(1, n) for ep in eps}
-    assert [r.comment for r in cascade] == [
-        f"ns1/svc1:p80 -> {ep.address} {sep(ep.ip)}" for ep in eps]
+    (pick,) = chain_of(fragment, SVC).rules[1:]  # after the masquerade rule
+    assert text(pick) == _pick_rule(n)
+    assert pick.comment == f"ns1/svc1:p80 -> {n} endpoints"
+    assert _map_probabilities(fragment, pick) == {ep.address: Fraction(1, n) for ep in eps}
+    fixed = names.endpoints_key(SVC)
+    assert _map_elements(fragment) == [
+        Element("endpoints-tcp-a", (*fixed, i), Target(ep.ip, 80),
+                f"ns1/svc1:p80 -> {ep.address} {sep(ep.ip)}")
+        for i, ep in enumerate(eps)]
 
 
-def test_cascade_follows_endpoint_order_not_arrival_order() -> None:
+def test_map_elements_follow_endpoint_order_not_arrival_order() -> None:
     eps = (endpoint(EP3), endpoint(EP1), endpoint(EP2))
     fragment = render(SVC1, eps).fragment
-    cascade = chain_of(fragment, SVC).rules[1:]
-    assert [dnat_to(r) for r in cascade] == [f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"]
-    assert [str(r.comment).split()[-1] for r in cascade] == [sep(EP1), sep(EP2), sep(EP3)]
+    (pick,) = chain_of(fragment, SVC).rules[1:]
+    elements = picked(fragment, pick)
+    assert [e.key[-1] for e in elements] == [0, 1, 2]
+    assert [str(e.value) for e in elements] == [f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"]
+    assert [str(e.comment).split()[-1] for e in elements] == [sep(EP1), sep(EP2), sep(EP3)]
 
 
 @pytest.mark.parametrize(
-    ("protocol", "dnat_rule"),
-    [
-        pytest.param(L4Protocol.TCP, f"meta l4proto tcp dnat to {EP1}:8080", id="TCP"),
-        pytest.param(L4Protocol.UDP, f"meta l4proto udp dnat to {EP1}:8080", id="UDP"),
-        pytest.param(L4Protocol.SCTP, f"meta l4proto sctp dnat to {EP1}:8080", id="SCTP"),
-    ],
-)
-def test_endpoint_rule_dnats_with_the_service_protocol(
-    protocol: L4Protocol, dnat_rule: str
-) -> None:
-    """The DNAT is inline in KUBE-SVC; no rule marks hairpin traffic any more
-    (KUBE-POSTROUTING does, from hairpin-endpoints) and no KUBE-SEP chain exists."""
+    "protocol", [L4Protocol.TCP, L4Protocol.UDP, L4Protocol.SCTP], ids=lambda p: p.name)
+def test_endpoint_rule_dnats_with_the_service_protocol(protocol: L4Protocol) -> None:
+    """The DNAT is in KUBE-SVC (the map pick; with affinity, the cascade); no
+    rule marks hairpin traffic any more (KUBE-POSTROUTING does, from
+    hairpin-endpoints) and no KUBE-SEP chain exists."""
     port = service_port(protocol=protocol)
-    ep = endpoint(EP1, 8080)
-    fragment = render(port, (ep,)).fragment
-    assert rules_of(fragment, names.service_chain(port.name))[1:] == [dnat_rule]
-    assert {c.name for c in fragment.chains} == {names.service_chain(port.name)}
+    chain, proto = names.service_chain(port.name), protocol.nft
+    fragment = render(port, (endpoint(EP1, 8080),)).fragment
+    assert rules_of(fragment, chain)[1:] == [picks(EP1, port=8080, protocol=proto)]
+    assert [text(r) for r in chain_of(fragment, chain).rules[1:]] == [
+        _pick_rule(1, chain, proto)]
+    assert {e.set_name for e in _map_elements(fragment)} == {f"endpoints-{proto}-a"}
+    assert {c.name for c in fragment.chains} == {chain}
     assert elements_of(fragment, "hairpin-endpoints") == {(EP1, EP1): None}
+    affinity = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
+    fragment = render(affinity, (endpoint(EP1, 8080),)).fragment
+    assert rules_of(fragment, chain)[-1].endswith(to(EP1, 8080, proto))
+    assert _map_elements(fragment) == []
+
+
+def test_a_changed_endpoint_changes_elements_only() -> None:
+    """Same count, another endpoint: every chain renders the same rules (the
+    same digest, so the chain is not rewritten) and the endpoints maps keep
+    their keys; only their values (and the hairpin pairs) change."""
+    before = render(ETP_LOCAL, (endpoint(EP1, local=True), endpoint(EP2))).fragment
+    after = render(ETP_LOCAL, (endpoint(EP1, 8080, local=True), endpoint(EP3))).fragment
+    assert {c.name for c in before.chains} == {SVC, SVL, names.external_chain(SVC1.name)}
+    assert [compact_chain(c) for c in before.chains] == [compact_chain(c) for c in after.chains]
+    assert before.sets == after.sets
+    assert [e.key for e in _map_elements(before)] == [e.key for e in _map_elements(after)]
+    changed = set(before.elements) ^ set(after.elements)
+    assert {e.set_name for e in changed} == {"endpoints-tcp-a", "hairpin-endpoints"}
+    assert [str(e.value) for e in _map_elements(after)] == [
+        f"{EP1}:8080", f"{EP3}:80", f"{EP1}:8080"]  # KUBE-SVC's two, then KUBE-SVL's one
 
 
 def test_endpoint_comments_name_the_endpoint_by_its_kube_sep_identity() -> None:
@@ -143,6 +176,17 @@ def test_endpoint_comments_of_a_maximal_service_keep_the_kube_sep_tag_within_128
     assert all(c.endswith(" " + tag) for c, tag in zip(comments, tags, strict=True))
     assert all(c.startswith(str(port.name)[:60]) for c in comments)  # still readable
     assert len(set(comments)) == len(comments)  # affinity and cascade rules stay distinct
+
+
+def test_map_element_comments_of_a_maximal_service_keep_the_kube_sep_tag() -> None:
+    port = service_port("s" * 63, ns="n" * 63, port_name="p" * 15, family=IPFamily.IPV6)
+    eps = (endpoint("fd00:10:180::ffff:ffff", 65535), endpoint("fd00:10:180::2"))
+    fragment = render(port, eps).fragment
+    comments = [str(e.comment) for e in _map_elements(fragment)]
+    tags = [names.endpoint_chain(port.name, ep) for ep in sorted(eps, key=lambda e: e.ip)]
+    assert all(len(c.encode()) <= names.COMMENT_MAX_BYTES for c in comments)
+    assert all(c.endswith(" " + tag) for c, tag in zip(comments, tags, strict=True))
+    assert all(c.startswith(str(port.name)[:60]) for c in comments)
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -192,12 +236,16 @@ def test_ipv6_port_renders_ip6_matches_and_ipv6_addresses() -> None:
         "service-nodeports": {("tcp", 3001): "goto EXT"},
         **hairpin("fd00:10:180::1"),
     }
-    assert rules_of(fragment, names.service_chain(port.name)) == [
+    chain = names.service_chain(port.name)
+    assert rules_of(fragment, chain) == [
         f"ip6 daddr {cip} tcp dport 80 ip6 saddr != fd00:10::/48 {MASQ}",
-        "meta l4proto tcp dnat to [fd00:10:180::1]:80",
+        picks("fd00:10:180::1"),
     ]
-    assert chain_of(fragment, names.service_chain(port.name)).rules[1].comment == (
-        f"ns1/svc1:p80 -> [fd00:10:180::1]:80 {names.endpoint_chain(port.name, ep)}")
+    pick = chain_of(fragment, chain).rules[1]
+    assert text(pick) == _pick_rule(1, chain, family="ip6")
+    assert picked(fragment, pick) == [Element(
+        "endpoints-tcp-a", (*names.endpoints_key(chain), 0), Target("fd00:10:180::1", 80),
+        f"ns1/svc1:p80 -> [fd00:10:180::1]:80 {names.endpoint_chain(port.name, ep)}")]
     assert fragment.family is IPFamily.IPV6
 
 
@@ -214,7 +262,25 @@ def test_ipv6_affinity_sets_hold_ipv6_addresses() -> None:
     ]
 
 
-# --- session affinity ------------------------------------------------------------
+# --- session affinity: the cascade -----------------------------------------------
+
+
+def _probabilities(rules: list[Rule]) -> dict[str, Fraction]:
+    """Chance of being DNATed to each endpoint by the affinity cascade, reading
+    each rule's numgen match: `numgen random mod m == 0` matches with
+    probability 1/m, no match means 1."""
+    reach, out = Fraction(1), dict[str, Fraction]()
+    for rule in rules:
+        p = Fraction(1)
+        for s in rule.expr:
+            if "match" in s and "numgen" in s["match"]["left"]:
+                assert s["match"]["right"] == 0 and s["match"]["op"] == "=="
+                p = Fraction(1, s["match"]["left"]["numgen"]["mod"])
+        target = dnat_to(rule)
+        out[target] = out.get(target, Fraction(0)) + reach * p
+        reach *= 1 - p
+    assert reach == 0, "the last rule of the cascade must always match"
+    return out
 
 
 def test_affinity_declares_one_dynamic_timeout_set_per_endpoint() -> None:
@@ -278,6 +344,9 @@ def test_affinity_in_kube_svl_looks_up_local_endpoints_only() -> None:
 
 
 def test_without_affinity_there_are_no_lookups_nor_updates() -> None:
+    """The only set a chooser without affinity reads is the endpoints map."""
     fragment = render(SVC1, (endpoint(EP1), endpoint(EP2))).fragment
-    assert not any("@" in r for c in fragment.chains for r in (text(x) for x in c.rules))
+    rules = [text(r) for c in fragment.chains for r in c.rules]
+    assert {word for r in rules for word in r.split() if "@" in word} == {"@endpoints-tcp-a"}
+    assert not any("update" in r for r in rules)
     assert fragment.sets == ()

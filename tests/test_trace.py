@@ -62,6 +62,7 @@ _BUILDERS: dict[str, Callable[[IPFamily], list[Any]]] = {
     "concat_proto_dport": lambda f: [expr.vmap(expr.concat_proto_dport(), "m")],
     "ct_state": lambda f: [expr.ct_state("new"), expr.ct_state("established", "related")],
     "dnat": lambda f: [expr.dnat("10.0.0.1" if f is V4 else "fd00::1", 8080)],
+    "dnat_map": lambda f: [expr.dnat_map(f, (1139835961, 7), 3, "endpoints-tcp-a")],
     "drop": lambda f: [expr.drop()],
     "fib_local": lambda f: [expr.fib_local("saddr"), expr.fib_local("daddr")],
     "goto": lambda f: [expr.goto("C")],

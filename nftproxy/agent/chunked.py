@@ -33,6 +33,7 @@ from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.plan import SKELETON, Staged, TableState
 from nftproxy.core.nft.resync import ResyncPlan, resyncable
 from nftproxy.core.render import RenderedFamily, chunks, port_sets, render_fresh
+from nftproxy.core.rules.skeleton import GENERATIONS, is_endpoints_map
 
 __all__ = ["Chunked", "Step", "run_steps"]
 
@@ -64,22 +65,33 @@ class Chunked:
             return self._fresh(snapshot)
         return self._resync(snapshot, listings)
 
-    def _renders(self, snapshot: SyncInput) -> Iterator[dict[IPFamily, RenderedFamily]]:
+    def _renders(
+        self, snapshot: SyncInput, generation: str
+    ) -> Iterator[dict[IPFamily, RenderedFamily]]:
         states = {f: inp.state for f, inp in snapshot.families.items()}
         return render_fresh(
-            states, self.config, snapshot.node, snapshot.service_cidrs, self.min_endpoints
+            states,
+            self.config,
+            snapshot.node,
+            snapshot.service_cidrs,
+            self.min_endpoints,
+            generation,
         )
 
     def _fresh(self, snapshot: SyncInput) -> Iterator[Step]:
         absent: dict[IPFamily, TableListing | None] = {f: None for f in snapshot.families}
-        for rendered in self._renders(snapshot):
+        generations = {self.tables[f].generation for f in snapshot.families}
+        for rendered in self._renders(snapshot, min(generations, default=GENERATIONS[0])):
             yield self.stage(rendered, absent), rendered
 
     def _resync(self, snapshot: SyncInput, listings: Listings) -> Iterator[Step] | None:
         states = [inp.state for inp in snapshot.families.values()]
         if sum(1 for _ in chunks(states, self.min_endpoints)) < 2:
             return None
-        renders = self._renders(snapshot)
+        generation = _next_generation(listings)
+        if generation is None:
+            return None
+        renders = self._renders(snapshot, generation)
         skeletons = next(renders)
         for family, r in skeletons.items():
             state = snapshot.families[family].state
@@ -87,15 +99,30 @@ class Chunked:
             sets = port_sets(state, self.config, snapshot.node)
             self.tables[family].use_typeof(self.typeof)
             table = self.tables[family].table
-            if listing is not None and not resyncable(
-                table, listing, r.desired()[SKELETON], sets
-            ):
+            if listing is not None and not resyncable(table, listing, r.desired()[SKELETON], sets):
                 return None
         plans = {
-            f: ResyncPlan(self.tables[f], listings.get(f), defer_deletes=self.defer_deletes)
+            f: ResyncPlan(
+                self.tables[f], listings.get(f), generation, defer_deletes=self.defer_deletes
+            )
             for f in skeletons
         }
         return _resync_steps(plans, skeletons, renders)
+
+
+def _next_generation(listings: Listings) -> str | None:
+    """The endpoints-map generation a resync fills: one no listed table
+    holds (None: they hold every one -- resyncs cut short twice -- so one
+    transaction)."""
+    held = {
+        g
+        for listing in listings.values()
+        if listing is not None
+        for g in GENERATIONS
+        if any(is_endpoints_map(n) and n.endswith("-" + g) for n in listing.sets)
+    }
+    free = [g for g in GENERATIONS if g not in held]
+    return free[0] if free else None
 
 
 def _resync_steps(

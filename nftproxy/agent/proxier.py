@@ -142,7 +142,9 @@ class Proxier:
         self._last_full = float("-inf")
         self._fresh_chunk = fresh_chunk
         self._drift = DriftWatch(  # reads nothing unless drift_check_period is set
-            lambda: self.backend.generation(), period=drift_check_period, clock=clock,
+            lambda: self.backend.generation(),
+            period=drift_check_period,
+            clock=clock,
             log=self.log,
         )
         self._on_drift = on_drift
@@ -255,7 +257,9 @@ class Proxier:
         with self._sync_lock:
             snapshot = self._snapshot(force_full=True)
             staged = self._stage(self._render(snapshot), listings={})
-            return PlannedSync(snapshot, tuple(c for s in staged.values() for c in s.commands))
+            commands = tuple(c for s in staged.values() for c in s.commands)
+            texts = tuple(d for s in staged.values() for d in s.declarations)
+            return PlannedSync(snapshot, commands, texts)
 
     def _sync(self) -> SyncReport:
         start = self.clock()
@@ -298,8 +302,12 @@ class Proxier:
     def _chunked(self) -> Chunked:
         tables = {f: fam.table for f, fam in self._families.items()}
         return Chunked(
-            self.config, self._fresh_chunk, tables, self._stage,
-            typeof=self.backend.accepts_typeof(), defer_deletes=self._defer_deletes,
+            self.config,
+            self._fresh_chunk,
+            tables,
+            self._stage,
+            typeof=self.backend.accepts_typeof(),
+            defer_deletes=self._defer_deletes,
         )
 
     def _build_steps(self, steps: Iterator[Step]) -> tuple[int, float, float]:
@@ -310,9 +318,7 @@ class Proxier:
         self._heap.committed(True)
         return out
 
-    def _snapshot(
-        self, *, force_full: bool = False, take_full_request: bool = False
-    ) -> SyncInput:
+    def _snapshot(self, *, force_full: bool = False, take_full_request: bool = False) -> SyncInput:
         """Step 1: apply the trackers and freeze what the sync works from. A
         sync takes the full-sync request here: one made from now on (a Node
         event during a full sync) is for the next sync."""
@@ -348,13 +354,14 @@ class Proxier:
         """Step 2 (pure)."""
         out: dict[IPFamily, RenderedFamily] = {}
         for family, inp in snapshot.families.items():
+            generation = self._families[family].table.generation
             if snapshot.full:
                 out[family] = render_full(
-                    inp.state, self.config, snapshot.node, snapshot.service_cidrs
+                    inp.state, self.config, snapshot.node, snapshot.service_cidrs, generation
                 )
             else:
                 out[family] = render_changed(
-                    inp.state, self.config, snapshot.node, inp.update.updated
+                    inp.state, self.config, snapshot.node, inp.update.updated, generation
                 )
         return out
 
@@ -382,9 +389,7 @@ class Proxier:
                     defer_deletes=self._defer_deletes,
                 )
             else:
-                out[family] = stage_partial(
-                    table, r.fragments, defer_deletes=self._defer_deletes
-                )
+                out[family] = stage_partial(table, r.fragments, defer_deletes=self._defer_deletes)
         return out
 
     def _commit(
@@ -411,7 +416,11 @@ class Proxier:
         """One transaction of both families' commands, recorded once accepted
         (`fresh`: a throwaway context); a refusal asks for a full sync, raises."""
         commands = [c for s in staged.values() for c in s.commands]
+        declarations = [d for s in staged.values() for d in s.declarations]
         try:
+            if declarations:  # libnftables 1.0.6: what its JSON cannot declare
+                with self._drift.committing(declarations):
+                    self.backend.declare(declarations)
             # A full sync of a large cluster fills a libnftables cache of
             # hundreds of MB: use a context freed right after (docs/architecture.md, "Edges").
             with self._drift.committing(commands):
@@ -457,9 +466,7 @@ class Proxier:
         self, snapshot: SyncInput, ops: int, render_s: float, commit_s: float, total_s: float
     ) -> SyncReport:
         """Step 6: what the sync did, as values."""
-        families = tuple(
-            self._family_report(f, snapshot.families[f]) for f in FAMILIES
-        )
+        families = tuple(self._family_report(f, snapshot.families[f]) for f in FAMILIES)
         return SyncReport(
             full=snapshot.full,
             ops=ops,

@@ -91,7 +91,6 @@ class SyncInput:
     families: Mapping[IPFamily, FamilyInput]
 
 
-
 @dataclass(frozen=True, slots=True)
 class PlannedSync:
     """A full sync planned and not sent (`sync --dry-run`): what it was
@@ -99,6 +98,8 @@ class PlannedSync:
 
     input: SyncInput
     commands: tuple[Mapping[str, object], ...]
+    declarations: tuple[str, ...] = ()
+    """nft text committed just before `commands` (Staged.declarations)."""
 
 
 PostCommitHook = Callable[[SyncReport], None]

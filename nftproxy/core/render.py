@@ -20,7 +20,7 @@ from nftproxy.core.nft.plan import SKELETON, Owner
 from nftproxy.core.rules.detect import local_detector
 from nftproxy.core.rules.fragment import Fragment, SetDecl
 from nftproxy.core.rules.service import RenderContext, render_service_port
-from nftproxy.core.rules.skeleton import render_skeleton
+from nftproxy.core.rules.skeleton import GENERATIONS, render_skeleton
 from nftproxy.core.tracker import StateSnapshot
 
 __all__ = [
@@ -58,8 +58,10 @@ class RenderedFamily:
         return {owner: f for owner, f in self.fragments.items() if f is not None}
 
 
-def _context(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> RenderContext:
-    return RenderContext(family, config, node, local_detector(family, config, node))
+def _context(
+    family: IPFamily, config: ProxyConfig, node: NodeInfo, generation: str
+) -> RenderContext:
+    return RenderContext(family, config, node, local_detector(family, config, node), generation)
 
 
 def _render_ports(
@@ -79,28 +81,38 @@ def _render_ports(
 
 
 def render_full(
-    state: StateSnapshot, config: ProxyConfig, node: NodeInfo, service_cidrs: Iterable[str]
+    state: StateSnapshot,
+    config: ProxyConfig,
+    node: NodeInfo,
+    service_cidrs: Iterable[str],
+    generation: str = GENERATIONS[0],
 ) -> RenderedFamily:
-    """The whole table of `state.family`: skeleton first, then every port."""
+    """The whole table of `state.family`: skeleton first, then every port
+    (`generation`: of the endpoints maps, skeleton.GENERATIONS)."""
     family = state.family
     cidrs = tuple(c for c in service_cidrs if family_of(c) is family)
     fragments: dict[Owner, Fragment | None] = {
-        SKELETON: render_skeleton(family, config, node, cidrs)
+        SKELETON: render_skeleton(family, config, node, cidrs, generation)
     }
-    ports, no_local = _render_ports(state, _context(family, config, node), state.services)
+    ctx = _context(family, config, node, generation)
+    ports, no_local = _render_ports(state, ctx, state.services)
     fragments.update(ports)
     return RenderedFamily(family, True, fragments, no_local)
 
 
 def render_skeleton_only(
-    state: StateSnapshot, config: ProxyConfig, node: NodeInfo, service_cidrs: Iterable[str]
+    state: StateSnapshot,
+    config: ProxyConfig,
+    node: NodeInfo,
+    service_cidrs: Iterable[str],
+    generation: str = GENERATIONS[0],
 ) -> RenderedFamily:
     """The skeleton of `state.family`'s table alone (a full render whose
     ports come later, chunk by chunk, as `render_changed`)."""
     family = state.family
     cidrs = tuple(c for c in service_cidrs if family_of(c) is family)
     fragments: dict[Owner, Fragment | None] = {
-        SKELETON: render_skeleton(family, config, node, cidrs)
+        SKELETON: render_skeleton(family, config, node, cidrs, generation)
     }
     return RenderedFamily(family, True, fragments)
 
@@ -141,9 +153,10 @@ def render_changed(
     config: ProxyConfig,
     node: NodeInfo,
     updated: Iterable[ServicePortName],
+    generation: str = GENERATIONS[0],
 ) -> RenderedFamily:
     """The fragments of the `updated` ports only (sorted; None: gone)."""
-    ctx = _context(state.family, config, node)
+    ctx = _context(state.family, config, node, generation)
     fragments, no_local = _render_ports(state, ctx, sorted(updated))
     return RenderedFamily(state.family, False, fragments, no_local)
 
@@ -154,27 +167,26 @@ def render_fresh(
     node: NodeInfo,
     service_cidrs: Iterable[str],
     min_endpoints: int,
+    generation: str = GENERATIONS[0],
 ) -> Iterator[dict[IPFamily, RenderedFamily]]:
-    """A full sync onto absent tables as steps, each one transaction: the
-    skeletons, then the service ports in `chunks` (both families' fragments
-    of a port in the same step). Lazy: a step is rendered when it is taken."""
+    """A full sync as steps, each one transaction: the skeletons, then the
+    service ports in `chunks` (both families' fragments of a port in the
+    same step). Lazy: a step is rendered when it is taken."""
     cidrs = tuple(service_cidrs)
-    yield {f: render_skeleton_only(s, config, node, cidrs) for f, s in states.items()}
+    yield {f: render_skeleton_only(s, config, node, cidrs, generation) for f, s in states.items()}
     for chunk in chunks(states.values(), min_endpoints):
         yield {
-            f: render_changed(s, config, node, chunk & s.services.keys())
+            f: render_changed(s, config, node, chunk & s.services.keys(), generation)
             for f, s in states.items()
         }
 
 
-def port_sets(
-    state: StateSnapshot, config: ProxyConfig, node: NodeInfo
-) -> Iterator[SetDecl]:
+def port_sets(state: StateSnapshot, config: ProxyConfig, node: NodeInfo) -> Iterator[SetDecl]:
     """The sets and maps `state`'s service ports declare, without rendering
     the others: only a ClientIP-affinity port declares any (its per-endpoint
     affinity sets, rules/service.py), so only those are rendered. A chunked
     resync checks them against the listing before its first step."""
-    ctx = _context(state.family, config, node)
+    ctx = _context(state.family, config, node, GENERATIONS[0])
     ports = sorted(spn for spn, port in state.services.items() if port.affinity)
     fragments, _ = _render_ports(state, ctx, ports)
     for fragment in fragments.values():

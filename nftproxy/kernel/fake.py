@@ -31,6 +31,7 @@ from nftproxy.kernel.fake_tables import (
     dynset_targets,
     listing,
 )
+from nftproxy.kernel.fake_text import parse_declarations
 from nftproxy.kernel.fake_txn import Txn
 from nftproxy.kernel.libnftables import METAINFO, Json, delete_tables_commands
 
@@ -76,9 +77,16 @@ class FakeBackend:
         if not self._started:
             raise RuntimeError("FakeBackend not started (or closed)")
 
+    def declare(self, texts: Sequence[str]) -> None:
+        """nft text declarations (kernel/fake_text.py), as one transaction."""
+        if texts:
+            self._apply(parse_declarations(list(texts), v11=self._v11), text=True)
+
     def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
-        if not commands:
-            return
+        if commands:
+            self._apply(commands)
+
+    def _apply(self, commands: Sequence[Mapping[str, Any]], *, text: bool = False) -> None:
         self._check_started()
         with self._lock:
             txn = Txn(
@@ -86,6 +94,7 @@ class FakeBackend:
                 self._next_table_handle,
                 dynset_targets(commands),
                 v11=self._v11,
+                text=text,
             )
             for index, command in enumerate(commands):
                 try:

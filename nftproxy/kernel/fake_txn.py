@@ -42,6 +42,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 
+from nftproxy.core.rules.fragment import SELECTORS
 from nftproxy.kernel.fake_tables import (
     DYNSET_SIZE,
     EBUSY,
@@ -66,6 +67,9 @@ from nftproxy.kernel.fake_tables import (
 )
 from nftproxy.kernel.libnftables import Json, T, dumps
 
+_DATATYPES = {json.dumps(e, sort_keys=True): t for e, t in SELECTORS.values()}
+"""A typeof expression's datatype, by its JSON text."""
+
 __all__ = ["Txn"]
 
 
@@ -83,11 +87,14 @@ class Txn:
         evaluated: frozenset[SetKey] = frozenset(),
         *,
         v11: bool = False,
+        text: bool = False,
     ) -> None:
         self.tables = dict(tables)
         self.next_table_handle = next_table_handle
         self.evaluated = evaluated
         self.v11 = v11
+        self.text = text
+        """Declarations read from nft text (fake_text.py): integer keys allowed."""
         self.edges_added: set[TableKey] = set()
         self._own: set[int] = set()  # ids of objects copied (or made) in this txn
 
@@ -256,6 +263,10 @@ class Txn:
             obj["map"] = self._data_type(spec["map"])
         if isinstance(type_, dict) and not self.v11:
             raise Refused(EINVAL_TYPE, f"{kind} {name}: typeof in JSON (libnftables 1.0.6)")
+        if not (self.v11 or self.text) and "integer" in (
+            type_ if isinstance(type_, list) else [type_]
+        ):
+            raise Refused(EINVAL_TYPE, f"{kind} {name}: integer key in JSON (libnftables 1.0.6)")
         for key in ("flags", "timeout", "comment"):
             if spec.get(key):
                 obj[key] = spec[key]
@@ -281,10 +292,14 @@ class Txn:
             return data
         if not self.v11:
             raise Refused(EINVAL_TYPE, "typeof map data in JSON (libnftables 1.0.6)")
-        verdict = data.get("typeof")
-        if not (isinstance(verdict, dict) and set(verdict) <= VERDICTS):
+        typeof = data.get("typeof")
+        if isinstance(typeof, dict) and set(typeof) <= VERDICTS:
+            return "verdict"
+        parts = typeof.get("concat", [typeof]) if isinstance(typeof, dict) else []
+        types = [_DATATYPES.get(json.dumps(p, sort_keys=True)) for p in parts]
+        if not types or None in types:
             raise NotImplementedError(f"FakeBackend does not model map data {data}")
-        return "verdict"
+        return types  # 1.1.x lists a concatenated value as a list
 
     def _retime(self, t: FTable, name: str, timeout: int | None) -> None:
         """A re-added set takes the new default timeout, or none (kernel 6.x)."""

@@ -270,6 +270,15 @@ class NftBackend(_netns.WorkerOwner[Any]):
         if rc != 0:
             raise rejection(err.strip(), commands, first_index=1)
 
+    def declare(self, texts: Sequence[str]) -> None:
+        """Apply nft text commands as ONE transaction (the JSON context falls
+        back to nft's text parser for input that is not JSON)."""
+        if not texts:
+            return
+        rc, _, err = self._call(lambda ctx: _run(ctx, "\n".join(texts)))
+        if rc != 0:
+            raise rejection(err.strip())
+
     def run_json(self, command: Mapping[str, Any]) -> Json:
         """Run one JSON command (typically `{"list": {...}}`) and return the
         parsed output as one `{"nftables": [...]}` document (metainfo first,

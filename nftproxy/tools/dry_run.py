@@ -47,11 +47,15 @@ def dry_run(paths: Sequence[str], config: ProxyConfig, *, summary: Any, commands
     # Never started: planning must not reach it, and any call would raise.
     proxier, recorded = _fed(paths, config, FakeBackend())
     planned = proxier.plan_full()
-    lines = [f"dry run: {len(recorded.services)} services, {len(recorded.slices)} "
-             f"endpoint slices from {', '.join(paths)}; nothing was programmed"]
+    lines = [
+        f"dry run: {len(recorded.services)} services, {len(recorded.slices)} "
+        f"endpoint slices from {', '.join(paths)}; nothing was programmed"
+    ]
     lines += _node_lines(planned.input, known=recorded.node is not None)
     lines += _table([_HEADER, *_rows(planned.input)])
     print("\n".join(lines), file=summary)
+    for text in planned.declarations:  # libnftables 1.0.6: sent as nft text first
+        print(json.dumps({"nft-text": text}, separators=(",", ":")), file=commands)
     for command in planned.commands:
         print(json.dumps(command, separators=(",", ":")), file=commands)
 
@@ -66,8 +70,14 @@ def _fed(paths: Sequence[str], config: ProxyConfig, backend: Backend) -> tuple[P
     if not config.node_name and source.chosen_node_name:
         config = replace(config, node_name=source.chosen_node_name)
     proxier = Proxier(config, backend)
-    recorder.replay(Intake(proxier, node_name=config.node_name, report=_warn,
-                           allow_external_ips=config.allow_service_external_ips))
+    recorder.replay(
+        Intake(
+            proxier,
+            node_name=config.node_name,
+            report=_warn,
+            allow_external_ips=config.allow_service_external_ips,
+        )
+    )
     return proxier, recorder.snapshot()
 
 
@@ -146,5 +156,7 @@ def _endpoint_summary(endpoints: set[Endpoint]) -> str:
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in rows]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]

@@ -5,12 +5,16 @@ table through the backend). One job: answer "where does a packet for this
 service go?" from what is actually programmed -- VIPs, node port, policies,
 affinity, source ranges (from the shared `firewall-vips` / `firewall-allow`
 sets, per service port, with the port's KUBE-FW-<h>), each endpoint with its
-KUBE-SEP-<h> and the probability the inline numgen cascade of KUBE-SVC/SVL
-gives it, and rule counters where present. It needs no nftproxy process:
+KUBE-SEP-<h> and the probability KUBE-SVC/SVL gives it -- through the shared
+endpoints map (ruleset v3: `dnat to numgen . numgen . numgen random mod N
+map @endpoints-<proto>-<a|b>`, the elements keyed by the chain's two
+constants, each 1/N) or, for a port with ClientIP affinity, the inline
+numgen cascade -- and rule counters where present. It needs no nftproxy process:
 everything is recovered from the table (element comments name the service
 port; chain names are recomputed hashes; kube-proxy's KUBE-SEP / KUBE-FW
 names, no chains in ruleset v2, come from the comments of the DNAT rules
-and of the `firewall-vips` elements). A ruleset v1 table (KUBE-SEP and
+and of the `firewall-vips` elements, or of the endpoints map's elements).
+A ruleset v1 table (KUBE-SEP and
 KUBE-FW chains, written by an older nftproxy) is not read for endpoints or
 source ranges; the view says so (`notice`) until a full sync replaces it.
 Addresses: the text brackets an IPv6 address wherever a port follows
@@ -62,8 +66,9 @@ class NoEndpoints(HostPort):
 
 @dataclass
 class EndpointView(HostPort):
-    """One endpoint of a KUBE-SVC/SVL cascade, named by its KUBE-SEP-<h>
-    (from the DNAT rule's comment; "" when the comment has none)."""
+    """One endpoint of a KUBE-SVC/SVL chain, named by its KUBE-SEP-<h>
+    (from the comment of the DNAT rule or of the endpoints map's element;
+    "" when the comment has none)."""
 
     identity: str = ""
     probability: float = 0.0
@@ -104,10 +109,16 @@ class TableView:
         return asdict(self)
 
 
+_Target = tuple[str, int, str]
+"""An endpoints-map element: address, port, KUBE-SEP-<h> (or "")."""
+
+
 @dataclass
 class _Parsed:
     chains: dict[str, list[Mapping[str, Any]]] = field(default_factory=dict)
     sets: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    keyed: dict[str, dict[tuple[int, int], dict[int, _Target]]] = field(default_factory=dict)
+    """Endpoints maps read by key (`_keyed_elements`), on first use."""
 
 
 def _objects(doc: Mapping[str, Any]) -> _Parsed:
@@ -152,16 +163,21 @@ def _target(verdict: Any) -> str:
     return str(verdict)
 
 
-def _cascade(rules: Sequence[Mapping[str, Any]]) -> list[EndpointView]:
-    """Endpoints of a KUBE-SVC/SVL chain with the probability the cascade
-    gives each: every rule that DNATs, but the affinity rules (a lookup of
-    the source in a set: they only repeat a past choice)."""
+def _cascade(rules: Sequence[Mapping[str, Any]], parsed: _Parsed) -> list[EndpointView]:
+    """Endpoints of a KUBE-SVC/SVL chain with the probability it gives each:
+    every rule that DNATs (a cascade rule, or the lookup in the endpoints
+    map), but the affinity rules (a lookup of the source in a set: they
+    only repeat a past choice)."""
     out: list[EndpointView] = []
     remaining = 1.0
     for rule in rules:
         exprs = rule.get("expr", [])
         dnat = next((e["dnat"] for e in exprs if "dnat" in e), None)
         if not isinstance(dnat, Mapping) or any(_is_set_lookup(e) for e in exprs):
+            continue
+        if isinstance(dnat.get("addr"), Mapping):
+            found, taken = _map_endpoints(dnat["addr"], parsed, remaining)
+            out, remaining = out + found, remaining - taken
             continue
         share = remaining / _numgen_mod(exprs)
         remaining -= share
@@ -176,6 +192,68 @@ def _cascade(rules: Sequence[Mapping[str, Any]]) -> list[EndpointView]:
             )
         )
     return out
+
+
+def _map_endpoints(
+    addr: Mapping[str, Any], parsed: _Parsed, share: float
+) -> tuple[list[EndpointView], float]:
+    """The endpoints `dnat to numgen random mod 1 offset H1 . numgen random
+    mod 1 offset H2 . numgen random mod N map @m` reaches -- the elements
+    of @m keyed (H1, H2, i < N), each with 1/N of `share` -- and the share
+    they take (a missing element's falls through to the next rule)."""
+    lookup = addr.get("map")
+    key = _map_key(lookup.get("key") if isinstance(lookup, Mapping) else None)
+    data = lookup.get("data") if isinstance(lookup, Mapping) else None
+    if key is None or not isinstance(data, str):
+        return [], 0.0
+    chain, first, n = key
+    elements = _keyed_elements(parsed, data.removeprefix("@")).get(chain, {})
+    found = [
+        EndpointView(addr, port, sep, round(share / n, 4))
+        for addr, port, sep in (elements[i] for i in sorted(elements) if first <= i < first + n)
+    ]
+    return found, share * len(found) / n
+
+
+def _keyed_elements(parsed: _Parsed, name: str) -> dict[tuple[int, int], dict[int, _Target]]:
+    """@name's `address . port` elements by (H1, H2), then index (built
+    once per map: a dump looks up every service port's chain in it)."""
+    if name not in parsed.keyed:
+        index: dict[tuple[int, int], dict[int, _Target]] = {}
+        for elem in parsed.sets.get(name, {}).get("elem", []):
+            parts, comment, data = _elem_parts(elem)
+            target = _target_of(data, comment)
+            if len(parts) == 3 and all(_index(p, 2**32) for p in parts) and target:
+                index.setdefault((parts[0], parts[1]), {}).setdefault(parts[2], target)
+        parsed.keyed[name] = index
+    return parsed.keyed[name]
+
+
+def _map_key(node: Any) -> tuple[tuple[int, int], int, int] | None:
+    """((H1, H2), O, N) of a `numgen random mod 1 offset H1 . numgen random
+    mod 1 offset H2 . numgen random mod N [offset O]` key, or None."""
+    parts: Any = node.get("concat") if isinstance(node, Mapping) else None
+    if not isinstance(parts, list) or len(parts) != 3:
+        return None
+    gens: list[Any] = [p.get("numgen") if isinstance(p, Mapping) else None for p in parts]
+    if not all(isinstance(g, Mapping) for g in gens):
+        return None
+    (h1, one1), (h2, one2), (first, n) = ((g.get("offset", 0), g.get("mod")) for g in gens)
+    if one1 != 1 or one2 != 1 or not all(_index(v, 2**32) for v in (h1, h2, first, n)):
+        return None
+    return ((h1, h2), first, n) if n > 0 else None
+
+
+def _index(value: Any, below: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < below
+
+
+def _target_of(data: Any, comment: str | None) -> _Target | None:
+    """An endpoints-map element's (address, port, KUBE-SEP-<h>), or None."""
+    pair = data.get("concat") if isinstance(data, Mapping) else None
+    if not isinstance(pair, list) or len(pair) != 2 or not _index(pair[1], 65536):
+        return None
+    return str(pair[0]), pair[1], identity(comment, ENDPOINT)
 
 
 def _is_set_lookup(e: Mapping[str, Any]) -> bool:
@@ -235,8 +313,8 @@ def _fill(view: ServiceView, parsed: _Parsed) -> None:
         for c in (names.service_chain(spn), names.local_chain(spn), names.external_chain(spn))
         if c in parsed.chains
     ]
-    view.endpoints = _cascade(parsed.chains.get(names.service_chain(spn), []))
-    view.local_endpoints = _cascade(parsed.chains.get(names.local_chain(spn), []))
+    view.endpoints = _cascade(parsed.chains.get(names.service_chain(spn), []), parsed)
+    view.local_endpoints = _cascade(parsed.chains.get(names.local_chain(spn), []), parsed)
     _source_ranges(view, names.firewall_chain(spn), parsed)
     ext = parsed.chains.get(names.external_chain(spn))
     if ext is not None:

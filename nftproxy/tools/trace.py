@@ -118,8 +118,10 @@ def infer_origin(src: str, tables: Tables, config: ProxyConfig) -> Origin:
         return Origin.NODE
     cidrs = (*config.cluster_cidrs, *tables.pod_cidrs)
     pods = (ipaddress.ip_network(c, strict=False) for c in cidrs)
-    return Origin.POD if any(addr.version == n.version and addr in n for n in pods) else (
-        Origin.EXTERNAL
+    return (
+        Origin.POD
+        if any(addr.version == n.version and addr in n for n in pods)
+        else (Origin.EXTERNAL)
     )
 
 
@@ -160,9 +162,13 @@ def planned_tables(paths: Sequence[str], config: ProxyConfig) -> Tables:
     fake.start()
     try:
         planned = proxier_from_files(paths, config, fake).plan_full()
+        fake.declare(planned.declarations)
         fake.commit(list(planned.commands))
-        listings = {f: doc for f in ("ip", "ip6")
-                    if (doc := fake.list_table(f, config.table_name)) is not None}
+        listings = {
+            f: doc
+            for f in ("ip", "ip6")
+            if (doc := fake.list_table(f, config.table_name)) is not None
+        }
     finally:
         fake.close()
     node = planned.input.node
@@ -175,8 +181,9 @@ def run(tables: Tables, packet: Packet) -> Trace:
     family = packet.family.nft_family
     listing = tables.listings.get(family)
     if listing is None:
-        raise LookupError(f"no table {family} {tables.name}: nothing is programmed for "
-                          f"{packet.family.value}")
+        raise LookupError(
+            f"no table {family} {tables.name}: nothing is programmed for {packet.family.value}"
+        )
     return trace(Ruleset.from_listing(listing, family, tables.name), packet, tables.host)
 
 
@@ -202,8 +209,9 @@ def _services(paths: Sequence[Path]) -> list[str]:
             chains = seen.setdefault(p.service, [])
             named = (p.firewall, *p.chains) if p.firewall else p.chains
             chains += [c for c in named if c not in chains]
-    return [f"  service {s}: {' -> '.join(c) if c else 'no service chain'}"
-            for s, c in seen.items()] or ["  no service matched"]
+    return [
+        f"  service {s}: {' -> '.join(c) if c else 'no service chain'}" for s, c in seen.items()
+    ] or ["  no service matched"]
 
 
 def _summary(path: Path) -> list[str]:
@@ -216,8 +224,7 @@ def _summary(path: Path) -> list[str]:
         return [f"{share}{path.delivery} ({path.destination}): {why}"]
     nat = "masqueraded" if path.masquerade else "source kept"
     name = path.endpoint.identity or path.endpoint.chain
-    out = [f"{share}{path.endpoint.text():<24} {name}  {path.delivery}, "
-           f"{nat}: {why}"]
+    out = [f"{share}{path.endpoint.text():<24} {name}  {path.delivery}, {nat}: {why}"]
     if path.affinity:
         out.append(f"           {path.affinity}")
     return out
@@ -253,15 +260,17 @@ def _common_prefix(runs: Sequence[Sequence[Step]]) -> int:
 
 
 def _same_tail(a: Sequence[Step], b: Sequence[Step]) -> int:
-    """How many last steps of `a` and `b` are the same hook, chain and rule."""
+    """How many last steps of `a` and `b` are the same hook, chain and rule
+    with the same comment (one rule's map elements differ by theirs: the
+    endpoints map's name each path's KUBE-SEP-<h>)."""
     n = 0
     while n < min(len(a), len(b)) and _where(a[-1 - n]) == _where(b[-1 - n]):
         n += 1
     return n if n > 1 else 0
 
 
-def _where(step: Step) -> tuple[str, str, int]:
-    return step.hook, step.chain, step.rule
+def _where(step: Step) -> tuple[str, str, int, str]:
+    return step.hook, step.chain, step.rule, step.comment
 
 
 # --- the command -------------------------------------------------------------------------
@@ -273,29 +282,51 @@ def add_parser(
 ) -> argparse.ArgumentParser:
     """`nftproxy trace`'s arguments (the caller sets the handler)."""
     p = sub.add_parser(
-        "trace", parents=list(parents),
-        help="where a packet goes through the programmed rules (or a dry run's), and why")
+        "trace",
+        parents=list(parents),
+        help="where a packet goes through the programmed rules (or a dry run's), and why",
+    )
     p.add_argument("src", metavar="SRC", help="source address")
-    p.add_argument("dst", metavar="DST:PORT[/PROTO]",
-                   help="destination, e.g. 10.96.0.10:80, [fd00::10]:53/udp (default tcp)")
-    p.add_argument("--from", dest="origin", choices=[o.value for o in Origin],
-                   help="where the packet comes from (default: node for the node's own "
-                   "addresses, pod inside --cluster-cidr, else external)")
+    p.add_argument(
+        "dst",
+        metavar="DST:PORT[/PROTO]",
+        help="destination, e.g. 10.96.0.10:80, [fd00::10]:53/udp (default tcp)",
+    )
+    p.add_argument(
+        "--from",
+        dest="origin",
+        choices=[o.value for o in Origin],
+        help="where the packet comes from (default: node for the node's own "
+        "addresses, pod inside --cluster-cidr, else external)",
+    )
     p.add_argument("--sport", metavar="PORT", type=int, help="source port (if rules match it)")
-    p.add_argument("--iif", metavar="IFACE",
-                   help="input interface (default: the pod bridge/prefix for pods)")
+    p.add_argument(
+        "--iif", metavar="IFACE", help="input interface (default: the pod bridge/prefix for pods)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.add_argument("--source", metavar="FILE", action="append",
-                   help="trace what a sync from FILE would program (no root, no kernel); "
-                   "repeatable")
+    p.add_argument(
+        "--source",
+        metavar="FILE",
+        action="append",
+        help="trace what a sync from FILE would program (no root, no kernel); repeatable",
+    )
     live = p.add_argument_group("--live: the kernel's own trace of real packets (root)")
-    live.add_argument("--live", action="store_true",
-                      help="mark the next packets of this 5-tuple with meta nftrace and print "
-                      "what the kernel did with them (the temporary rule is removed on exit)")
-    live.add_argument("--count", metavar="N", type=int, default=10,
-                      help="stop after N packets (default 10)")
-    live.add_argument("--timeout", metavar="SECONDS", type=float, default=30.0,
-                      help="stop after SECONDS (default 30)")
+    live.add_argument(
+        "--live",
+        action="store_true",
+        help="mark the next packets of this 5-tuple with meta nftrace and print "
+        "what the kernel did with them (the temporary rule is removed on exit)",
+    )
+    live.add_argument(
+        "--count", metavar="N", type=int, default=10, help="stop after N packets (default 10)"
+    )
+    live.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=float,
+        default=30.0,
+        help="stop after SECONDS (default 30)",
+    )
     return p
 
 
@@ -312,8 +343,10 @@ def command(args: argparse.Namespace, config: ProxyConfig, out: TextIO | None = 
     try:
         tables = planned_tables(args.source, config) if args.source else kernel_tables(config)
         if tables is None:
-            raise LookupError(f"no table named {config.table_name!r} (ip or ip6): "
-                              "nftproxy has not programmed this node")
+            raise LookupError(
+                f"no table named {config.table_name!r} (ip or ip6): "
+                "nftproxy has not programmed this node"
+            )
         origin = Origin(args.origin) if args.origin else infer_origin(args.src, tables, config)
         packet = make_packet(args.src, args.dst, origin, config, sport=args.sport, iif=args.iif)
         result = run(tables, packet)
@@ -327,14 +360,21 @@ def command(args: argparse.Namespace, config: ProxyConfig, out: TextIO | None = 
 
 def _live(args: argparse.Namespace, config: ProxyConfig, out: TextIO) -> int:
     if args.source:
-        print("nftproxy: trace: --live traces the programmed tables; drop --source",
-              file=sys.stderr)
+        print(
+            "nftproxy: trace: --live traces the programmed tables; drop --source", file=sys.stderr
+        )
         return 2
     packet = make_packet(args.src, args.dst, Origin.EXTERNAL, config, sport=args.sport)
     try:
         with NftBackend() as backend:
-            live = LiveTrace(backend, config.table_name, packet, out,
-                             count=max(1, args.count), seconds=max(0.1, args.timeout))
+            live = LiveTrace(
+                backend,
+                config.table_name,
+                packet,
+                out,
+                count=max(1, args.count),
+                seconds=max(0.1, args.timeout),
+            )
             return live.run()
     except (LiveError, NftError, OSError) as exc:
         print(f"nftproxy: trace: {exc}", file=sys.stderr)

@@ -32,16 +32,20 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from ipaddress import ip_address
 from types import FrameType
 from typing import Any, TextIO
 
+from nftproxy.core.address import format_address
 from nftproxy.core.nft.errors import NftError, NftNotFound
 from nftproxy.core.nft.seam import Backend
-from nftproxy.core.trace import Packet, Ruleset
+from nftproxy.core.trace import Packet, Ruleset, Unsupported
 from nftproxy.core.trace import syntax as sx
+from nftproxy.core.trace.evaluate import dnat_element
 from nftproxy.core.trace.flow import Step
 from nftproxy.core.trace.identity import ENDPOINT, identity
 from nftproxy.core.trace.ruleset import Rule
+from nftproxy.core.trace.values import value_text
 
 __all__ = ["Event", "LiveTrace", "parse_event", "trace_chains"]
 
@@ -51,6 +55,8 @@ _EVENT = re.compile(
     r"(?P<kind>packet|rule|policy|verdict|unknown):? ?(?P<rest>.*?)\s*$"
 )
 _RULE = re.compile(r"^(?P<text>.*?)(?: # handle (?P<handle>\d+))? \(verdict (?P<verdict>[^)]*)\)$")
+_DADDR = re.compile(r"\bip6? daddr (?P<addr>\S+)")
+_DPORT = re.compile(r"\b(?:tcp|udp|sctp) dport (?P<port>\d+)")
 
 
 class LiveError(Exception):
@@ -107,12 +113,34 @@ def trace_chains(packet: Packet, table: str, pid: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for hook in ("prerouting", "output"):
         name = f"trace-{pid}-{hook}"
-        out.append({"add": {"chain": {"family": family, "table": table, "name": name,
-                                      "type": "filter", "hook": hook, "prio": PRIORITY,
-                                      "policy": "accept"}}})
-        out.append({"add": {"rule": {"family": family, "table": table, "chain": name,
-                                     "expr": exprs,
-                                     "comment": f"nftproxy trace --live (pid {pid})"}}})
+        out.append(
+            {
+                "add": {
+                    "chain": {
+                        "family": family,
+                        "table": table,
+                        "name": name,
+                        "type": "filter",
+                        "hook": hook,
+                        "prio": PRIORITY,
+                        "policy": "accept",
+                    }
+                }
+            }
+        )
+        out.append(
+            {
+                "add": {
+                    "rule": {
+                        "family": family,
+                        "table": table,
+                        "chain": name,
+                        "expr": exprs,
+                        "comment": f"nftproxy trace --live (pid {pid})",
+                    }
+                }
+            }
+        )
     return out
 
 
@@ -125,6 +153,9 @@ class _Packet:
     dnat: str = ""
     masquerade: bool = False
     end: str = ""
+    chooser: tuple[Rule, sx.DnatMap] | None = None
+    """A `dnat ... map` that accepted: its element is known from the
+    packet's next headers (the next base chain's `packet:` line)."""
 
 
 @dataclass
@@ -156,11 +187,16 @@ class LiveTrace:
         if nft is None:
             raise LiveError("--live needs the nft command (nftables) on PATH")
         if self.backend.list_table(self.family, self.table) is None:
-            raise LiveError(f"no table {self.family} {self.table}: nftproxy has not "
-                            "programmed this node")
+            raise LiveError(
+                f"no table {self.family} {self.table}: nftproxy has not programmed this node"
+            )
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        monitor = subprocess.Popen([nft, "-a", "monitor", "trace"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, text=True)
+        monitor = subprocess.Popen(
+            [nft, "-a", "monitor", "trace"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         try:
             lines = _reader(monitor)
             time.sleep(0.2)  # let nft subscribe before packets are marked
@@ -174,9 +210,11 @@ class LiveTrace:
         return 0
 
     def _say_start(self) -> None:
-        self.out.write(f"tracing {self.packet.text().rsplit(' from ', 1)[0]} in table "
-                       f"{self.family} {self.table} (chains {', '.join(self.chains)}); up to "
-                       f"{self.count} packets or {self.seconds:g} s; Ctrl-C stops\n")
+        self.out.write(
+            f"tracing {self.packet.text().rsplit(' from ', 1)[0]} in table "
+            f"{self.family} {self.table} (chains {', '.join(self.chains)}); up to "
+            f"{self.count} packets or {self.seconds:g} s; Ctrl-C stops\n"
+        )
         self.out.flush()
 
     def _follow(self, lines: queue.Queue[str | None]) -> None:
@@ -217,6 +255,8 @@ class LiveTrace:
 
     def _show(self, pk: _Packet, event: Event) -> None:
         ours = event.table == self.table and event.family == self.family
+        if event.kind == "packet" and pk.chooser is not None:
+            self._chosen(pk, event.text)
         base = self._ruleset(event).chains.get(event.chain) if ours else None
         if base is not None and base.base is not None:
             pk.hook = base.base.hook
@@ -236,6 +276,27 @@ class LiveTrace:
         if event.verdict == "drop":
             where = f"{chain} #{rule.index}" if rule else f"{chain} ({event.kind})"
             pk.end = pk.end or f"dropped by {where}"
+
+    def _chosen(self, pk: _Packet, headers: str) -> None:
+        """The endpoints map element the chooser took, from where the packet
+        goes now (printed as `nftproxy trace` prints it)."""
+        assert pk.chooser is not None
+        (rule, statement), pk.chooser = pk.chooser, None
+        addr, port = _DADDR.search(headers), _DPORT.search(headers)
+        if addr is None or port is None or self._rs is None:
+            return
+        try:
+            found = dnat_element(statement, self._rs, ip_address(addr["addr"]), int(port["port"]))
+        except (Unsupported, ValueError):
+            return
+        if found is None:
+            return
+        key, element = found
+        dnat = format_address(addr["addr"], int(port["port"]))
+        text = f"@{statement.map}: {value_text(key)} : dnat to {dnat}  => accept"
+        step = Step(pk.hook, rule.chain, rule.index, text, element.comment or "")
+        self.out.write(step.line() + "\n")
+        pk.dnat = f"{dnat} ({identity(element.comment, ENDPOINT) or rule.chain})"
 
     def _rule(self, event: Event) -> Rule | None:
         if event.handle is None:
@@ -295,6 +356,9 @@ def _record(pk: _Packet, rule: Rule, verdict: str) -> None:
         if isinstance(statement, sx.Dnat) and verdict == "accept":
             name = identity(rule.comment, ENDPOINT) or rule.chain
             pk.dnat = f"{str(statement).removeprefix('dnat to ')} ({name})"
+        elif isinstance(statement, sx.DnatMap) and verdict == "accept":
+            pk.dnat = f"an element of @{statement.map} ({rule.chain})"
+            pk.chooser = (rule, statement)
         elif isinstance(statement, sx.Masquerade) and verdict == "accept":
             pk.masquerade = True
         elif isinstance(statement, sx.Reject):
@@ -324,4 +388,3 @@ def _reader(proc: subprocess.Popen[str]) -> queue.Queue[str | None]:
 
     threading.Thread(target=read, name="nft-monitor", daemon=True).start()
     return lines
-

@@ -89,10 +89,13 @@ def _listed_set(obj: Json) -> ListedSet:
     typeof = None
     if isinstance(type_, Mapping):
         typeof, type_ = expr_text(type_["typeof"]), ()
+    data = obj.get("map")
+    if isinstance(data, list):  # 1.1.x lists a concatenated value as a list
+        data = " . ".join(data)
     return ListedSet(
         obj["name"],
         (type_,) if isinstance(type_, str) else tuple(type_),
-        obj.get("map"),
+        data,
         tuple(obj.get("flags", ())),
         obj.get("timeout"),
         typeof,

@@ -49,6 +49,7 @@ from nftproxy.core.rules.fragment import (
     SetDecl,
     compact,
 )
+from nftproxy.core.rules.skeleton import GENERATIONS
 
 __all__ = [
     "SKELETON",
@@ -97,6 +98,9 @@ class TableState:
     """Flushed-but-not-deleted objects awaiting stage_gc (set name -> is map)."""
     rule_count: int = 0
     """Rules in `chains`, kept as owners are adopted."""
+    generation: str = GENERATIONS[0]
+    """Which endpoints maps the table's chooser rules pick from (the render's
+    `generation`; a chunked resync switches it, core/nft/resync.py)."""
 
     def adopt(self, owner: Owner, fragment: Fragment | CompactFragment | None) -> None:
         fragment = compact(fragment) if fragment is not None else None
@@ -126,6 +130,7 @@ class TableState:
             fresh.stale_sets,
         )
         self.rule_count = fresh.rule_count
+        self.generation = fresh.generation
 
     def effective(self, elem_id: ElemId) -> Element | None:
         """The element the kernel holds for the id: its winner's."""
@@ -148,6 +153,9 @@ class TableState:
 class _Batch:
     """Commands collected per phase, concatenated in phase order."""
 
+    declare: list[str] = field(default_factory=list)
+    """nft text declarations, sent as a transaction of their own before the
+    commands (what libnftables 1.0.6's JSON cannot declare: ops.py)."""
     head: list[Json] = field(default_factory=list)
     flush: list[Json] = field(default_factory=list)
     del_elems: dict[str, list[Element]] = field(default_factory=dict)
@@ -170,11 +178,13 @@ class _Batch:
 
 @dataclass
 class Staged:
-    """A planned transaction for one table and how to record it once committed."""
+    """A planned transaction for one table and how to record it once
+    committed; `declarations` (nft text) go in a transaction just before it."""
 
     commands: list[Json]
     record: Callable[[], None]
     counts: dict[str, int] = field(default_factory=dict)
+    declarations: list[str] = field(default_factory=list)
 
     def commit(self) -> None:
         self.record()
@@ -205,7 +215,10 @@ def _remove_set(
 
 
 def _add_set(b: _Batch, t: Table, decl: SetDecl) -> None:
-    b.add_sets.append(t.add_set(decl))
+    if t.declares_in_text(decl):
+        b.declare.append(t.declare_text(decl))
+    else:
+        b.add_sets.append(t.add_set(decl))
     b.add_sets += t.add_set_elements(decl.name, decl.elements)
 
 
@@ -342,7 +355,8 @@ def stage_partial(
             state.adopt(owner, change.new)
         state.stale_chains, state.stale_sets = stale, stale_sets
 
-    return Staged(commands, record, {"owners": len(changes), "elements": n_elems})
+    counts = {"owners": len(changes), "elements": n_elems}
+    return Staged(commands, record, counts, b.declare)
 
 
 def _full_sets(
@@ -392,13 +406,14 @@ def _full_chains(
         _write_chain(b, t, chain, exists=exists)
 
 
-def _add_winners(b: _Batch, state: TableState) -> None:
+def _add_winners(b: _Batch, state: TableState, skip: Callable[[str], bool] | None = None) -> None:
     """Add every element the state claims, each once, as its winner rendered
-    it (where an owner rendered a key twice, its last)."""
+    it (where an owner rendered a key twice, its last); none of a set `skip`s."""
     for owner, fragment in state.fragments.items():
         won = {(e.set_name, e.key): e for e in state.index.won(owner, fragment.elements)}
         for e in won.values():
-            b.add_elems.setdefault(e.set_name, []).append(e)
+            if skip is None or not skip(e.set_name):
+                b.add_elems.setdefault(e.set_name, []).append(e)
 
 
 def stage_full(
@@ -411,7 +426,7 @@ def stage_full(
     """Rebuild the whole table from the freshly rendered `desired`:
     everything desired is (re)written, everything else the kernel holds in
     our table is flushed and deleted."""
-    fresh = TableState(state.family, state.table)
+    fresh = TableState(state.family, state.table, generation=state.generation)
     for owner, fragment in desired.items():
         fresh.adopt(owner, fragment)
     kernel = kernel or TableListing({}, {})
@@ -424,7 +439,7 @@ def stage_full(
     commands = b.commands(t)
 
     counts = {"owners": len(desired), "elements": len(fresh.index)}
-    return Staged(commands, lambda: state.take(fresh), counts)
+    return Staged(commands, lambda: state.take(fresh), counts, b.declare)
 
 
 def stage_gc(state: TableState) -> Staged:

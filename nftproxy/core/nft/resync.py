@@ -7,12 +7,16 @@ listing allows it; a `ResyncPlan` turns the rendered steps into `Staged`
 transactions:
 
   0  the skeleton: `add table`; its chains written (flushed first if
-     listed); its sets and maps that are not listed added EMPTY
+     listed); its sets and maps that are not listed added EMPTY -- among
+     them the endpoints maps of the generation the table does not use
+     (rules/skeleton.py GENERATIONS)
   1..k  per chunk of service ports: each owner's chains written (flushed
-     first if listed) and its sets that are not listed added (an affinity set
+     first if listed), its sets that are not listed added (an affinity set
      in the same transaction as the rule that updates it, which is what makes
-     it kernel-"dynamic": docs/userspaces.md). No shared-set element yet.
-  final  every desired non-dynamic set and map flushed (if listed) and
+     it kernel-"dynamic": docs/userspaces.md), and its elements of the new
+     endpoints maps, which its rewritten choosers pick from. No other
+     shared-set element yet.
+  final  every other desired non-dynamic set and map flushed (if listed) and
      filled with its static and effective (winner) elements, in ONE
      transaction, so the dispatch, hairpin, firewall and no-endpoint maps
      switch at once; listed chains not desired flushed, then deleted after
@@ -20,7 +24,8 @@ transactions:
      `defer_deletes` (EBUSY, kernels < 6.2), left flushed for `stage_gc`;
      listed sets not desired deleted after the chains using them are flushed.
      Listed dynamic sets that are desired are never touched: clients keep
-     their affinity.
+     their affinity. The old generation's endpoints maps go with the chains
+     that used them.
 
 Between steps every service port is either wholly old (old chains, old
 elements) or runs its new chains behind the old elements of the shared maps,
@@ -34,7 +39,7 @@ would); the earlier ones record nothing, so a refused step leaves the record
 as it was and the next (full) sync lists again: every step is idempotent
 over any intermediate table.
 
-Uses plan.py's private `_Batch`, `_add_winners`, `_remove_chain`,
+Uses plan.py's private `_Batch`, `_add_set`, `_add_winners`, `_remove_chain`,
 `_remove_set`, `_write_chain` and `_same_declaration` (one planner, two ways to cut it).
 """
 
@@ -48,6 +53,7 @@ from nftproxy.core.nft.plan import (
     Owner,
     Staged,
     TableState,
+    _add_set,
     _add_winners,
     _Batch,
     _remove_chain,
@@ -57,6 +63,7 @@ from nftproxy.core.nft.plan import (
 )
 from nftproxy.core.rules.fragment import Fragment, SetDecl
 from nftproxy.core.rules.names import is_affinity_set
+from nftproxy.core.rules.skeleton import is_endpoints_map
 
 __all__ = ["ResyncPlan", "resyncable"]
 
@@ -79,11 +86,14 @@ def resyncable(
     for decl in (*skeleton.sets, *port_sets):
         listed = listing.sets.get(decl.name)
         if listed is None:
-            if decl.name in skeleton_sets:
+            if decl.name in skeleton_sets and not is_endpoints_map(decl.name):
                 return False
         elif not _same_declaration(t, decl, listed):
             return False
-    if any(n not in skeleton_sets and not is_affinity_set(n) for n in listing.sets):
+    if any(
+        n not in skeleton_sets and not is_affinity_set(n) and not is_endpoints_map(n)
+        for n in listing.sets
+    ):
         return False
     hooks = {c.name: c.hook for c in skeleton.chains}
     if any(name not in listing.chains for name in hooks):
@@ -98,27 +108,39 @@ class ResyncPlan:
     """The steps of one family's chunked full sync over `listing` (None: the
     table is absent, every object is added). Take `step` for the skeleton
     (first=True), then for each chunk, then `final`, committing each before
-    taking the next; only `final` records into `state`."""
+    taking the next; only `final` records into `state`. The steps are
+    rendered with `generation`, whose endpoints maps the listing must not
+    hold (`Chunked` picks the other one)."""
 
     def __init__(
-        self, state: TableState, listing: TableListing | None, *, defer_deletes: bool = False
+        self,
+        state: TableState,
+        listing: TableListing | None,
+        generation: str,
+        *,
+        defer_deletes: bool = False,
     ) -> None:
         self._state = state
         self._listing = listing or TableListing({}, {})
         self._defer = defer_deletes
-        self._fresh = TableState(state.family, state.table)
+        self._fresh = TableState(state.family, state.table, generation=generation)
 
     def step(self, desired: Mapping[Owner, Fragment], *, first: bool = False) -> Staged:
-        """Write the chains of `desired`'s owners and add their unlisted sets
-        (empty); `first` adds the table too."""
+        """Write the chains of `desired`'s owners, add their unlisted sets
+        (empty) and their endpoints-map elements; `first` adds the table too."""
         t, listed = self._state.table, self._listing
         b = _Batch(head=[t.add_table()] if first else [])
         for owner, fragment in desired.items():
             self._fresh.adopt(owner, fragment)
-            b.add_sets += [t.add_set(s) for s in fragment.sets if s.name not in listed.sets]
+            for decl in fragment.sets:
+                if decl.name not in listed.sets:
+                    _add_set(b, t, decl)
             for chain in fragment.chains:
                 _write_chain(b, t, chain, exists=chain.name in listed.chains)
-        return Staged(b.commands(t), lambda: None, {"owners": len(desired)})
+            for e in fragment.elements:
+                if is_endpoints_map(e.set_name):
+                    b.add_elems.setdefault(e.set_name, []).append(e)
+        return Staged(b.commands(t), lambda: None, {"owners": len(desired)}, b.declare)
 
     def final(self) -> Staged:
         """Switch every shared set to its desired elements; remove what the
@@ -132,14 +154,15 @@ class ResyncPlan:
                 _remove_chain(b, t, name, defer=self._defer, stale=fresh.stale_chains)
         for name, ks in listed.sets.items():
             if name not in fresh.sets:
-                _remove_set(b, t, name, ks.map is not None, defer=self._defer,
-                            stale=fresh.stale_sets)
+                _remove_set(
+                    b, t, name, ks.map is not None, defer=self._defer, stale=fresh.stale_sets
+                )
         for decl in fresh.sets.values():
-            if decl.dynamic:
+            if decl.dynamic or is_endpoints_map(decl.name):
                 continue
             if decl.name in listed.sets:
                 b.flush.append(t.flush_set(decl))
             b.add_sets += t.add_set_elements(decl.name, decl.elements)
-        _add_winners(b, fresh)
+        _add_winners(b, fresh, skip=is_endpoints_map)
         counts = {"owners": len(fresh.fragments), "elements": len(fresh.index)}
         return Staged(b.commands(t), lambda: self._state.take(fresh), counts)

@@ -44,6 +44,10 @@ class Backend(Protocol):
         nothing for an empty list. `fresh` asks for a throwaway context (a
         hint for large full syncs)."""
 
+    def declare(self, texts: Sequence[str]) -> None:
+        """Apply nft text commands (core/nft/ops.py `declare_text`: what
+        libnftables 1.0.6's JSON cannot declare) as one atomic transaction."""
+
     def run_json(self, command: Mapping[str, Any]) -> dict[str, Any]:
         """Run one JSON command (typically a list) and return the output
         document `{"nftables": [...]}`."""

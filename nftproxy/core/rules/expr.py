@@ -21,6 +21,7 @@ __all__ = [
     "concat_proto_dport",
     "ct_state",
     "dnat",
+    "dnat_map",
     "drop",
     "fib_local",
     "goto",
@@ -166,6 +167,17 @@ def set_update(family: IPFamily, set_name: str) -> Json:
 
 def dnat(ip: str, port: int) -> Json:
     return {"dnat": {"addr": ip, "port": port}}
+
+
+def dnat_map(family: IPFamily, fixed: tuple[int, int], count: int, map_name: str) -> Json:
+    """`dnat ip to numgen random mod 1 offset F1 . numgen random mod 1 offset
+    F2 . numgen random mod N map @m`: the key is (F1, F2, i), i uniform over
+    0..N-1 (`numgen ... mod 1 offset F` is the constant F: nft takes no
+    literal in a concatenated lookup key)."""
+    parts = [{"numgen": {"mode": "random", "mod": 1, "offset": f}} for f in fixed]
+    parts.append({"numgen": {"mode": "random", "mod": count}})
+    lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
+    return {"dnat": {"family": _ip(family), "addr": lookup}}
 
 
 def masquerade() -> Json:

@@ -26,6 +26,7 @@ from typing import Any
 from nftproxy.core.model import IPFamily
 
 __all__ = [
+    "NUMGEN_KEY",
     "SELECTORS",
     "BaseHook",
     "Chain",
@@ -37,6 +38,7 @@ __all__ = [
     "Key",
     "Rule",
     "SetDecl",
+    "Target",
     "Verdict",
     "compact",
     "compact_chain",
@@ -65,6 +67,20 @@ class Verdict:
 
 
 @dataclass(frozen=True, slots=True)
+class Target:
+    """An endpoints map element's value: the address . port a DNAT goes to."""
+
+    ip: str
+    port: int
+
+    def to_json(self) -> Json:
+        return {"concat": [self.ip, self.port]}
+
+    def __str__(self) -> str:
+        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
 class BaseHook:
     """How a base chain hooks into netfilter (priorities are integers: 1.0.6
     JSON silently creates a plain chain for a string priority)."""
@@ -88,6 +104,10 @@ class Chain:
     hook: BaseHook | None = None
 
 
+NUMGEN_KEY = "numgen random mod 1"
+"""A 32-bit integer key part, as the endpoints maps declare theirs (nft has
+no datatype for it: libnftables 1.0.6 declares it only in text, ops.py)."""
+
 SELECTORS: Mapping[str, tuple[Json, str]] = {
     "ip saddr": ({"payload": {"protocol": "ip", "field": "saddr"}}, "ipv4_addr"),
     "ip daddr": ({"payload": {"protocol": "ip", "field": "daddr"}}, "ipv4_addr"),
@@ -95,6 +115,10 @@ SELECTORS: Mapping[str, tuple[Json, str]] = {
     "ip6 daddr": ({"payload": {"protocol": "ip6", "field": "daddr"}}, "ipv6_addr"),
     "meta l4proto": ({"meta": {"key": "l4proto"}}, "inet_proto"),
     "th dport": ({"payload": {"protocol": "th", "field": "dport"}}, "inet_service"),
+    "tcp dport": ({"payload": {"protocol": "tcp", "field": "dport"}}, "inet_service"),
+    "udp dport": ({"payload": {"protocol": "udp", "field": "dport"}}, "inet_service"),
+    "sctp dport": ({"payload": {"protocol": "sctp", "field": "dport"}}, "inet_service"),
+    NUMGEN_KEY: ({"numgen": {"mode": "random", "mod": 1, "offset": 0}}, "integer"),
 }
 """A key part as nft's typeof names it -> (its libnftables JSON expression,
 its datatype)."""
@@ -128,11 +152,28 @@ class SetDecl:
     dynamic: bool = False
     comment: str | None = None
     key: tuple[str, ...] = ()
+    data: tuple[str, ...] = ()
+    """A data map's value as selectors (the endpoints maps': "ip daddr",
+    "tcp dport"); `map` is then its datatypes as listed ("ipv4_addr . inet_service")."""
 
     @classmethod
     def keyed(cls, name: str, key: tuple[str, ...], **fields: Any) -> SetDecl:
         """A declaration whose key is given by selectors (its type follows)."""
         return cls(name, datatypes(key), key=key, **fields)
+
+    @classmethod
+    def data_map(
+        cls, name: str, key: tuple[str, ...], data: tuple[str, ...], **fields: Any
+    ) -> SetDecl:
+        """A map of key and data given by selectors (their types follow)."""
+        value = " . ".join(datatypes(data))
+        return cls(name, datatypes(key), map=value, key=key, data=data, **fields)
+
+    @property
+    def text_only(self) -> bool:
+        """Whether libnftables 1.0.6 can declare it only in nft text (an
+        integer key part: its JSON takes no typeof, ops.py)."""
+        return "integer" in self.type
 
     def declaration(self) -> tuple[Any, ...]:
         """What cannot change in place: a different declaration means delete + add."""
@@ -143,12 +184,13 @@ class SetDecl:
 class Element:
     """One element of a shared set or map (`set_name`), owned by a fragment.
 
-    `verdict` is None for plain sets.
+    `value`: a verdict map's verdict, an endpoints map's DNAT target, None
+    for plain sets.
     """
 
     set_name: str
     key: Key
-    verdict: Verdict | None = None
+    value: Verdict | Target | None = None
     comment: str | None = None
 
 

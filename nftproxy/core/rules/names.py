@@ -84,6 +84,16 @@ def endpoint_chain(spn: ServicePortName, endpoint: Endpoint) -> str:
     return "KUBE-SEP-" + _hash16(str(spn) + spn.protocol.nft + endpoint.address)
 
 
+def endpoints_key(chain: str) -> tuple[int, int]:
+    """The fixed part of a chooser chain's keys in the endpoints maps: two
+    31-bit halves of sha256(chain) (62 bits: no collision expected among
+    millions of chains, as kube-proxy's own 80-bit chain names; each below
+    2^31, which 1.0.6's JSON lists as a signed number otherwise)."""
+    digest = hashlib.sha256(chain.encode()).digest()
+    mask = 0x7FFFFFFF
+    return int.from_bytes(digest[:4], "big") & mask, int.from_bytes(digest[4:8], "big") & mask
+
+
 _AFFINITY_SUFFIX = "-affinity"
 
 

@@ -6,10 +6,18 @@ small per-feature renderers, each a pure function of the decisions in
 `PortPlan`. `render_service_port` composes them.
 
 Chains: KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
-KUBE-EXT (external destinations). Endpoint choice is the numgen cascade,
-DNATing inline: rule i of n is `numgen random mod (n-i) == 0 [update
-@affinity] meta l4proto P dnat to EP`, the last without numgen; its comment
-names the endpoint by kube-proxy's KUBE-SEP-<h>. Everything else a port
+KUBE-EXT (external destinations). A chooser picks its endpoint with one
+rule, `meta l4proto P dnat to numgen random mod 1 offset F1 . numgen random
+mod 1 offset F2 . numgen random mod N map @endpoints-P-<generation>`: the
+chain's fixed key (F1, F2) and an index, looked up in the protocol's shared
+endpoints map, whose elements (one per endpoint, named by kube-proxy's
+KUBE-SEP-<h> in their comment) the port owns. So a changed endpoint is
+elements only, and the table holds one rule per chooser whatever its
+endpoints (the kernel validates every rule of the table when a commit adds
+a jump or a NAT rule: docs/architecture.md). With ClientIP affinity the
+chooser is the numgen cascade, DNATing inline: rule i of n is `numgen
+random mod (n-i) == 0 update @affinity meta l4proto P dnat to EP`, the last
+without numgen. Everything else a port
 needs is elements of shared sets and maps: dispatch (service-ips, ...),
 hairpin (endpoint . endpoint), loadBalancerSourceRanges (firewall-vips,
 firewall-allow; KUBE-FW-<h> in the comment). The only per-port sets are
@@ -28,7 +36,16 @@ from nftproxy.core.model import Endpoint, IPFamily, NodeInfo, ServicePort
 from nftproxy.core.rules import expr, names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.detect import LocalDetector
-from nftproxy.core.rules.fragment import Chain, Element, Fragment, Json, Rule, SetDecl, Verdict
+from nftproxy.core.rules.fragment import (
+    Chain,
+    Element,
+    Fragment,
+    Json,
+    Rule,
+    SetDecl,
+    Target,
+    Verdict,
+)
 from nftproxy.core.topology import EndpointCategories, categorize
 
 __all__ = ["PortPlan", "RenderContext", "RenderedPort", "plan_port", "render_service_port"]
@@ -45,6 +62,8 @@ class RenderContext:
     config: ProxyConfig
     node: NodeInfo
     detector: LocalDetector | None
+    generation: str = sk.GENERATIONS[0]
+    """Which endpoints maps the chooser rules pick from (skeleton.GENERATIONS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,15 +194,15 @@ def _endpoint_comment(p: PortPlan, ep: Endpoint, what: str = "") -> str:
     return names.tagged(text, names.endpoint_chain(p.port.name, ep))
 
 
-def _chooser_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderContext) -> list[Rule]:
-    """Affinity lookups, then the numgen cascade over `endpoints`, each rule
-    DNATing to its endpoint (named by its KUBE-SEP identity in the comment)."""
+def _affinity_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderContext) -> list[Rule]:
+    """ClientIP affinity: lookups, then the numgen cascade over `endpoints`,
+    each rule DNATing to its endpoint (named by its KUBE-SEP identity in the
+    comment) and refreshing its affinity set."""
     rules: list[Rule] = []
-    if p.port.affinity:
-        for ep in endpoints:
-            lookup = expr.set_lookup(ctx.family, "saddr", names.affinity_set(p.port.name, ep))
-            tail = _endpoint_tail(p, ep, ctx)
-            rules.append(Rule((lookup, *tail), _endpoint_comment(p, ep, " affinity")))
+    for ep in endpoints:
+        lookup = expr.set_lookup(ctx.family, "saddr", names.affinity_set(p.port.name, ep))
+        tail = _endpoint_tail(p, ep, ctx)
+        rules.append(Rule((lookup, *tail), _endpoint_comment(p, ep, " affinity")))
     n = len(endpoints)
     for i, ep in enumerate(endpoints):
         pick = () if i == n - 1 else (expr.numgen_zero(n - i),)
@@ -191,9 +210,30 @@ def _chooser_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderCont
     return rules
 
 
-def _policy_chains(p: PortPlan, ctx: RenderContext) -> list[Chain]:
+def _map_pick(
+    p: PortPlan, chain: str, endpoints: tuple[Endpoint, ...], ctx: RenderContext
+) -> tuple[Rule, list[Element]]:
+    """One rule picks (chain key, i) in the protocol's endpoints map, whose
+    element i DNATs to endpoint i (named by its KUBE-SEP identity in the
+    element's comment): changing endpoints is elements only while their
+    count stays."""
+    fixed = names.endpoints_key(chain)
+    map_name = sk.endpoints_map(p.port.protocol, ctx.generation)
+    n = len(endpoints)
+    dnat = expr.dnat_map(ctx.family, fixed, n, map_name)
+    rule = Rule((expr.l4proto(p.port.protocol), dnat), f"{p.port.name} -> {n} endpoints")
+    elements = [
+        Element(map_name, (*fixed, i), Target(ep.ip, ep.port), _endpoint_comment(p, ep))
+        for i, ep in enumerate(endpoints)
+    ]
+    return rule, elements
+
+
+def _policy_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[Element]]:
+    """KUBE-SVC / KUBE-SVL, and the endpoints-map elements they pick from."""
     spn = p.port.name
-    out: list[Chain] = []
+    chains: list[Chain] = []
+    elements: list[Element] = []
     for used, name, eps, is_local in (
         (p.uses_cluster_chain, names.service_chain(spn), p.cats.cluster, False),
         (p.uses_local_chain, names.local_chain(spn), p.cats.local, True),
@@ -201,9 +241,15 @@ def _policy_chains(p: PortPlan, ctx: RenderContext) -> list[Chain]:
         if not used:
             continue
         internal = p.has_internal and is_local == p.port.internal_policy_local
-        masq = _masquerade_rule(p, ctx) if internal else []
-        out.append(Chain(name, (*masq, *_chooser_rules(p, eps, ctx))))
-    return out
+        rules = _masquerade_rule(p, ctx) if internal else []
+        if p.port.affinity:
+            rules += _affinity_rules(p, eps, ctx)
+        else:
+            pick, picked = _map_pick(p, name, eps, ctx)
+            rules.append(pick)
+            elements += picked
+        chains.append(Chain(name, tuple(rules)))
+    return chains, elements
 
 
 def _external_chain(p: PortPlan, ctx: RenderContext) -> list[Chain]:
@@ -302,8 +348,10 @@ def render_service_port(
 ) -> RenderedPort:
     """The whole fragment of one service port in ctx.family's table."""
     p = plan_port(port, endpoints, ctx)
-    chains = (*_policy_chains(p, ctx), *_external_chain(p, ctx))
+    policy, picked = _policy_chains(p, ctx)
+    chains = (*policy, *_external_chain(p, ctx))
     elements = (
+        *picked,
         *_cluster_ip_elements(p),
         *_external_elements(p),
         *_nodeport_elements(p),

@@ -22,16 +22,18 @@ import ipaddress
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, L4Protocol, NodeInfo
 from nftproxy.core.rules import expr
-from nftproxy.core.rules.fragment import BaseHook, Chain, Fragment, Json, Rule, SetDecl
+from nftproxy.core.rules.fragment import NUMGEN_KEY, BaseHook, Chain, Fragment, Json, Rule, SetDecl
 
 __all__ = [
     "CLUSTER_IPS",
     "CLUSTER_IPS_CHECK",
+    "ENDPOINTS",
     "EXTERNAL_SERVICES",
     "FIREWALL_ALLOW",
     "FIREWALL_CHECK",
     "FIREWALL_VIPS",
     "FORWARD",
+    "GENERATIONS",
     "HAIRPIN_ENDPOINTS",
     "MARK_MASQ",
     "NODEPORTS",
@@ -46,6 +48,8 @@ __all__ = [
     "SERVICE_NODEPORTS",
     "addr_key",
     "addr_type",
+    "endpoints_map",
+    "is_endpoints_map",
     "nodeport_ips",
     "render_skeleton",
 ]
@@ -70,6 +74,12 @@ HAIRPIN_ENDPOINTS = "hairpin-endpoints"
 CLUSTER_IPS = "cluster-ips"
 NODEPORT_IPS = "nodeport-ips"
 SERVICE_CIDRS = "service-cidrs"
+ENDPOINTS = "endpoints"
+GENERATIONS = ("a", "b", "c")
+"""The endpoints maps come in generations: a full sync over an existing
+table (core/nft/resync.py) fills one the table does not hold, chunk by
+chunk, so a chain and the elements it picks from are always written in the
+same transaction. Three, so that one is free after a resync cut short."""
 
 _PROTO_PORT = ("meta l4proto", "th dport")
 _LOOPBACK = {IPFamily.IPV4: "127.0.0.0/8", IPFamily.IPV6: "::1/128"}
@@ -77,6 +87,30 @@ _LOOPBACK = {IPFamily.IPV4: "127.0.0.0/8", IPFamily.IPV6: "::1/128"}
 
 def addr_type(family: IPFamily) -> str:
     return "ipv4_addr" if family is IPFamily.IPV4 else "ipv6_addr"
+
+
+def endpoints_map(protocol: L4Protocol, generation: str) -> str:
+    """endpoints-tcp-a: one map per protocol (libnftables 1.0.6's JSON
+    refuses a rule whose protocol differs from the map's `tcp dport`)."""
+    return f"{ENDPOINTS}-{protocol.nft}-{generation}"
+
+
+def is_endpoints_map(name: str) -> bool:
+    return any(name == endpoints_map(p, g) for p in L4Protocol for g in GENERATIONS)
+
+
+def _endpoints_maps(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
+    """Chooser chain's key (its fixed halves, endpoint index) -> address . port."""
+    key = (NUMGEN_KEY, NUMGEN_KEY, NUMGEN_KEY)
+    return tuple(
+        SetDecl.data_map(
+            endpoints_map(p, generation),
+            key,
+            (addr_key(family, "daddr"), f"{p.nft} dport"),
+            comment=f"{p.nft} endpoints: chooser chain key . index -> endpoint",
+        )
+        for p in L4Protocol
+    )
 
 
 def addr_key(family: IPFamily, field: str) -> str:
@@ -329,8 +363,17 @@ def _maps_and_sets(
 
 
 def render_skeleton(
-    family: IPFamily, config: ProxyConfig, node: NodeInfo, service_cidrs: tuple[str, ...] = ()
+    family: IPFamily,
+    config: ProxyConfig,
+    node: NodeInfo,
+    service_cidrs: tuple[str, ...] = (),
+    generation: str = GENERATIONS[0],
 ) -> Fragment:
-    """The skeleton of `family`'s table; `service_cidrs` are this family's."""
+    """The skeleton of `family`'s table; `service_cidrs` are this family's;
+    `generation` names its endpoints maps."""
     chains = (*_base_chains(), *_dispatch_chains(family, config), *_helper_chains(family, config))
-    return Fragment(family, chains, _maps_and_sets(family, config, node, service_cidrs))
+    sets = (
+        *_maps_and_sets(family, config, node, service_cidrs),
+        *_endpoints_maps(family, generation),
+    )
+    return Fragment(family, chains, sets)

@@ -7,7 +7,9 @@ and the outcomes of a match or a map lookup on it: which way each value
 goes and with what probability. A header the packet does not have (`tcp
 dport` of a UDP packet) matches nothing, as the implicit protocol
 dependency nft adds. A field the trace was not told (the source port, the
-input interface) raises `NeedsInput` instead of guessing.
+input interface) raises `NeedsInput` instead of guessing. `dnat_element`
+answers the other way round for the live trace: which element of a `dnat
+... map` sent a packet where it was seen going.
 """
 
 from __future__ import annotations
@@ -19,9 +21,18 @@ from fractions import Fraction
 from nftproxy.core.trace import syntax as sx
 from nftproxy.core.trace.flow import Flow
 from nftproxy.core.trace.ruleset import Element, Ruleset
-from nftproxy.core.trace.values import Flags, Pattern, Value, matches, protocol_number
+from nftproxy.core.trace.values import Address, Flags, Pattern, Value, matches, protocol_number
 
-__all__ = ["Dist", "LookupOutcome", "MatchOutcome", "NeedsInput", "evaluate", "lookup", "match"]
+__all__ = [
+    "Dist",
+    "LookupOutcome",
+    "MatchOutcome",
+    "NeedsInput",
+    "dnat_element",
+    "evaluate",
+    "lookup",
+    "match",
+]
 
 Dist = list[tuple[Value | None, Fraction]]
 """Values with their probabilities; None: the packet has no such header."""
@@ -99,8 +110,7 @@ def _meta(key: str, flow: Flow) -> Value | None:
     if key == "mark":
         return flow.mark
     if flow.iifname is None:
-        raise NeedsInput("the ruleset matches the input interface (meta iifname): "
-                         "give it (--iif)")
+        raise NeedsInput("the ruleset matches the input interface (meta iifname): give it (--iif)")
     return flow.iifname
 
 
@@ -121,7 +131,8 @@ class MatchOutcome:
 
 @dataclass(frozen=True, slots=True)
 class LookupOutcome:
-    """A map lookup: the element found (None: no element for the key)."""
+    """A map lookup: the element found (None: no element for the key), and
+    for a vmap its verdict."""
 
     element: Element | None
     verdict: sx.Verdict | None
@@ -160,9 +171,16 @@ def _found(
     return None
 
 
-def lookup(statement: sx.Vmap, flow: Flow, ruleset: Ruleset) -> list[LookupOutcome]:
+def lookup(statement: sx.Vmap | sx.DnatMap, flow: Flow, ruleset: Ruleset) -> list[LookupOutcome]:
+    """Per value of the key, the element it finds (a vmap's verdict; a
+    `dnat ... map` element's target)."""
     entries: list[tuple[Pattern, sx.Verdict | None, Element | None]]
-    if isinstance(statement.data, sx.SetRef):
+    if isinstance(statement, sx.DnatMap):
+        entries = [
+            (e.pattern, None, e)
+            for e in ruleset.elements(statement.map, sx.kinds_of(statement.key), targets=True)
+        ]
+    elif isinstance(statement.data, sx.SetRef):
         entries = [
             (e.pattern, e.verdict, e)
             for e in ruleset.elements(statement.data.name, sx.kinds_of(statement.key))
@@ -171,9 +189,32 @@ def lookup(statement: sx.Vmap, flow: Flow, ruleset: Ruleset) -> list[LookupOutco
         entries = [(p, v, None) for p, v in statement.data]
     out: list[LookupOutcome] = []
     for value, share in evaluate(statement.key, flow):
-        hit = None if value is None else next(
-            ((v, e) for p, v, e in entries if matches(p, value)), None
+        hit = (
+            None
+            if value is None
+            else next(((v, e) for p, v, e in entries if matches(p, value)), None)
         )
         verdict, element = hit if hit is not None else (None, None)
         out.append(LookupOutcome(element, verdict, value, share))
     return out
+
+
+def dnat_element(
+    statement: sx.DnatMap, ruleset: Ruleset, addr: Address, port: int
+) -> tuple[Value, Element] | None:
+    """The key and element of `statement`'s map that DNAT to `addr`:`port`
+    (None if none can): the key must be numgens only, whose values are
+    known without the packet."""
+    parts = statement.key.parts if isinstance(statement.key, sx.Concat) else (statement.key,)
+    if not all(isinstance(p, sx.Numgen) for p in parts):
+        return None
+    kinds = sx.kinds_of(statement.key)
+    found = [e for e in ruleset.elements(statement.map, kinds, targets=True)
+             if e.target is not None and e.target[0] == addr and e.target[1] in (None, port)]
+    ranges = [range(p.offset, p.offset + p.mod) for p in parts if isinstance(p, sx.Numgen)]
+    for combo in itertools.product(*ranges):
+        value = combo if isinstance(statement.key, sx.Concat) else combo[0]
+        hit = next((e for e in found if matches(e.pattern, value)), None)
+        if hit is not None:
+            return value, hit
+    return None

@@ -16,8 +16,9 @@ the sets they look up:
   cluster-ips set (an unknown port of a cluster IP) or the service-cidrs set
   (an unallocated ServiceCIDR address).
 kube-proxy's names that are no chains in ruleset v2 come from comments
-(identity.py): the endpoint's KUBE-SEP-<h> from the comment of the rule that
-DNATed, the port's KUBE-FW-<h> from the `firewall-vips` element matched.
+(identity.py): the endpoint's KUBE-SEP-<h> from the comment of the
+endpoints map's element (or of the cascade rule) that DNATed, the port's
+KUBE-FW-<h> from the `firewall-vips` element matched.
 Anything else is named by its chain and rule, never guessed.
 """
 
@@ -44,8 +45,9 @@ def explain(flow: Flow, rs: Ruleset) -> Path:
     endpoint = None
     if flow.dnat is not None:
         d = flow.dnat
-        endpoint = Endpoint(d.addr, d.port, d.at.chain, d.comment or "",
-                            identity(d.comment, ENDPOINT))
+        endpoint = Endpoint(
+            d.addr, d.port, d.at.chain, d.comment or "", identity(d.comment, ENDPOINT)
+        )
     masquerade = flow.masquerade is not None
     if flow.verdict == "accept":
         reasons = _masquerade_reasons(flow, rs) if masquerade else _kept_reasons(flow, chains)
@@ -135,8 +137,10 @@ def _mark_reason(caller: Rule | None, marking: Rule | None, at: Where) -> str:
         return "masqueradeAll: all traffic to the cluster IP is masqueraded"
     if chain.startswith("KUBE-EXT-"):
         if any(isinstance(m.left, sx.Fib) and m.left.field == "saddr" for m in _matches(caller)):
-            return ("the node's own traffic to an externalTrafficPolicy=Local destination "
-                    "(Local policy)")
+            return (
+                "the node's own traffic to an externalTrafficPolicy=Local destination "
+                "(Local policy)"
+            )
         return "external destination of an externalTrafficPolicy=Cluster service"
     return f"marked for masquerade by {caller.where}"
 
@@ -148,8 +152,10 @@ def _kept_reasons(flow: Flow, chains: tuple[str, ...]) -> tuple[str, ...]:
     if ext and any(c.startswith("KUBE-SVL-") for c in chains):
         return ("externalTrafficPolicy=Local: the client's address is kept",)
     if ext:
-        return ("pod traffic to an external destination of a Local-policy service: "
-                "sent to any endpoint, source kept",)
+        return (
+            "pod traffic to an external destination of a Local-policy service: "
+            "sent to any endpoint, source kept",
+        )
     return ("not marked for masquerade",)
 
 
@@ -166,8 +172,10 @@ def _stop_reason(flow: Flow, rs: Ruleset) -> str:
         return _no_endpoint_reason(flow, element.set, rs)
     for rule in (stopped, _rule(rs, via)):
         if rule is not None and _looks_up(rule, sk.CLUSTER_IPS):
-            return (f"{flow.daddr} is a cluster IP without port {flow.dport}/"
-                    f"{_proto(flow)}: unknown port of a cluster IP")
+            return (
+                f"{flow.daddr} is a cluster IP without port {flow.dport}/"
+                f"{_proto(flow)}: unknown port of a cluster IP"
+            )
         if rule is not None and _looks_up(rule, sk.SERVICE_CIDRS):
             return f"{flow.daddr} is in a ServiceCIDR but no service has it: unallocated address"
         if rule is not None and rule.chain == sk.FORWARD:

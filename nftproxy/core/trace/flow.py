@@ -75,6 +75,7 @@ class Dnat:
     port: int | None
     at: Where
     comment: str | None
+    """The rule's comment, or the map element's for `dnat ... map`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,18 +131,26 @@ class Flow:
             host=host,
         )
 
-    def step(self, chain: str, rule: int, text: str, comment: str | None = None,
-             share: Fraction | None = None) -> Flow:
+    def step(
+        self,
+        chain: str,
+        rule: int,
+        text: str,
+        comment: str | None = None,
+        share: Fraction | None = None,
+    ) -> Flow:
         new = Step(self.hook, chain, rule, text, comment or "", share)
         return replace(self, steps=(*self.steps, new))
 
     def scaled(self, share: Fraction) -> Flow:
         return self if share == 1 else replace(self, probability=self.probability * share)
 
-    def ended(self, verdict: str, at: Where | None, via: Where | None = None,
-              reject_with: str = "") -> Flow:
-        return replace(self, verdict=verdict, verdict_at=at, verdict_via=via,
-                       reject_with=reject_with)
+    def ended(
+        self, verdict: str, at: Where | None, via: Where | None = None, reject_with: str = ""
+    ) -> Flow:
+        return replace(
+            self, verdict=verdict, verdict_at=at, verdict_via=via, reject_with=reject_with
+        )
 
     def with_(self, **changes: object) -> Flow:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -2,9 +2,11 @@
 
 Layer: core/trace (pure; the names are core/rules/names.py's). One job:
 read the KUBE-* identity a comment carries. Ruleset v2 has no KUBE-SEP or
-KUBE-FW chains; the rule that DNATs to an endpoint ends its comment with
-the endpoint's `KUBE-SEP-<h>` ("ns/svc:port -> 10.0.1.5:8080
-KUBE-SEP-<h>", `names.tagged` keeps it inside the comment budget), and an
+KUBE-FW chains; the element of the endpoints map that DNATs to an
+endpoint (ruleset v3; the cascade rule, for a port with ClientIP
+affinity) ends its comment with the endpoint's `KUBE-SEP-<h>`
+("ns/svc:port -> 10.0.1.5:8080 KUBE-SEP-<h>", `names.tagged` keeps it
+inside the comment budget), and an
 element of `firewall-vips` starts with the port's `KUBE-FW-<h>`
 ("KUBE-FW-<h> ns/svc:port"). `nftproxy trace` and `nftproxy dump` name
 endpoints and source-range checks by them, as `iptables-save` on a
@@ -35,7 +37,7 @@ def split(comment: str | None) -> Tagged:
     if not found:
         return "", text
     m = found[-1]
-    rest = (text[: m.start()] + text[m.end():]).strip()
+    rest = (text[: m.start()] + text[m.end() :]).strip()
     return m.group(), " ".join(rest.split())
 
 

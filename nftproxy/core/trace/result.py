@@ -28,8 +28,9 @@ __all__ = ["Endpoint", "Path", "Trace"]
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """The DNAT target of a path, the chain whose rule DNATed (KUBE-SVC /
-    KUBE-SVL), and the endpoint's kube-proxy name KUBE-SEP-<h> from that
-    rule's comment ("" when the comment has none)."""
+    KUBE-SVL), and the endpoint's kube-proxy name KUBE-SEP-<h> from the
+    comment of that rule, or of the endpoints map's element it DNATed by
+    ("" when the comment has none)."""
 
     address: str
     port: int | None
@@ -103,21 +104,37 @@ class Trace:
     def to_json(self) -> dict[str, Any]:
         pk = self.packet
         return {
-            "packet": {"src": pk.src, "dst": pk.dst, "dport": pk.dport, "proto": pk.proto,
-                       "sport": pk.sport, "from": pk.origin.value, "iifname": pk.iifname},
+            "packet": {
+                "src": pk.src,
+                "dst": pk.dst,
+                "dport": pk.dport,
+                "proto": pk.proto,
+                "sport": pk.sport,
+                "from": pk.origin.value,
+                "iifname": pk.iifname,
+            },
             "table": self.table,
             "paths": [p.to_json() for p in self.paths],
         }
 
 
 def _endpoint_json(ep: Endpoint) -> dict[str, Any]:
-    return {"address": ep.address, "port": ep.port, "chain": ep.chain,
-            "identity": ep.identity, "comment": ep.comment}
+    return {
+        "address": ep.address,
+        "port": ep.port,
+        "chain": ep.chain,
+        "identity": ep.identity,
+        "comment": ep.comment,
+    }
 
 
 def _step_json(step: Step) -> dict[str, Any]:
-    out: dict[str, Any] = {"hook": step.hook, "chain": step.chain, "rule": step.rule,
-                           "text": step.text}
+    out: dict[str, Any] = {
+        "hook": step.hook,
+        "chain": step.chain,
+        "rule": step.rule,
+        "text": step.text,
+    }
     if step.comment:
         out["comment"] = step.comment
     if step.share is not None:

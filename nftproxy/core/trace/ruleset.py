@@ -6,7 +6,8 @@ a committed transaction) into base chains (hook, type, priority, policy),
 regular chains, rules parsed into syntax values, and named sets and maps
 whose elements are read on first lookup, for the kinds of the expression
 that looks them up (declarations are never read: `type` or `typeof`, the
-key is whatever the lookup says). A rule or element the tracer does not
+key is whatever the lookup says; a map's data is a verdict, or for a
+`dnat ... map` the address . port an element DNATs to). A rule or element the tracer does not
 understand is kept with its error: the walk raises it if the packet reaches
 it, and `problems()` lists them all (the meta-test over a rendered table).
 """
@@ -15,13 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from nftproxy.core.rules.fragment import BaseHook
 from nftproxy.core.trace import syntax as sx
-from nftproxy.core.trace.values import Kind, Pattern, Unsupported, parse_pattern
+from nftproxy.core.trace.values import (
+    Address,
+    Concat,
+    Exact,
+    Kind,
+    Pattern,
+    Unsupported,
+    parse_pattern,
+)
 
-__all__ = ["Chain", "Element", "Rule", "Ruleset", "SetInfo"]
+__all__ = ["Chain", "Element", "Rule", "Ruleset", "SetInfo", "Target"]
 
 Json = Mapping[str, Any]
 
@@ -56,6 +66,10 @@ class Chain:
     rules: tuple[Rule, ...]
 
 
+Target = tuple[Address, int | None]
+"""The data of a `dnat ... map` element: address, and port (None: keep it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Element:
     """One element of a named set or map, read for a lookup's kinds."""
@@ -64,6 +78,8 @@ class Element:
     verdict: sx.Verdict | None
     comment: str | None = None
     expires: int | None = None
+    target: Target | None = None
+    """A `dnat ... map` element's address . port (its verdict is None)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +122,7 @@ class Ruleset:
         self.table = table
         self.sets: dict[str, SetInfo] = {}
         self.chains = _Chains(self._read(objects))
-        self._elements: dict[tuple[str, tuple[Kind, ...]], tuple[Element, ...]] = {}
+        self._elements: dict[tuple[str, tuple[Kind, ...], bool], tuple[Element, ...]] = {}
 
     @classmethod
     def from_listing(cls, doc: Json, family: str, table: str) -> Ruleset:
@@ -139,8 +155,11 @@ class Ruleset:
 
     def base_chains(self, hook: str) -> list[Chain]:
         """The base chains on `hook`, in priority order (listing order on ties)."""
-        found = [(base.prio, name) for name, (base, _) in self.chains.listed.items()
-                 if base is not None and base.hook == hook]
+        found = [
+            (base.prio, name)
+            for name, (base, _) in self.chains.listed.items()
+            if base is not None and base.hook == hook
+        ]
         return [self.chains[name] for _, name in sorted(found, key=lambda f: f[0])]
 
     def chain(self, name: str) -> Chain:
@@ -157,13 +176,20 @@ class Ruleset:
             raise Unsupported(f"no set or map @{name} in table {self.family} {self.table}")
         return self.sets[name]
 
-    def elements(self, name: str, kinds: tuple[Kind, ...]) -> tuple[Element, ...]:
-        """The elements of @name read for a key of `kinds` (Unsupported if
-        one does not fit)."""
-        key = (name, kinds)
+    def elements(
+        self, name: str, kinds: tuple[Kind, ...], *, targets: bool = False
+    ) -> tuple[Element, ...]:
+        """The elements of @name read for a key of `kinds`, a map's data as
+        verdicts or, with `targets`, as DNAT targets (Unsupported if one
+        does not fit)."""
+        key = (name, kinds, targets)
         if key not in self._elements:
             info = self.set_info(name)
-            self._elements[key] = tuple(_element(e, kinds, info.is_map) for e in info.elements)
+            if targets and not info.is_map:
+                raise Unsupported(f"@{name} is a set, not a map of addresses")
+            self._elements[key] = tuple(
+                _element(e, kinds, info.is_map, targets) for e in info.elements
+            )
         return self._elements[key]
 
     def problems(self) -> list[str]:
@@ -174,9 +200,9 @@ class Ruleset:
         for chain in self.chains.values():
             for rule in chain.rules:
                 for statement in rule.statements:
-                    for name, kinds in _lookups(statement):
+                    for name, kinds, targets in _lookups(statement):
                         try:
-                            self.elements(name, kinds)
+                            self.elements(name, kinds, targets=targets)
                         except Unsupported as exc:
                             out.append(f"{rule.where}: @{name}: {exc}")
         return out
@@ -185,8 +211,12 @@ class Ruleset:
 def _base(obj: Json) -> BaseHook | None:
     if "hook" not in obj:
         return None
-    return BaseHook(str(obj.get("type", "filter")), obj["hook"], int(obj.get("prio", 0)),
-                     str(obj.get("policy", "accept")))
+    return BaseHook(
+        str(obj.get("type", "filter")),
+        obj["hook"],
+        int(obj.get("prio", 0)),
+        str(obj.get("policy", "accept")),
+    )
 
 
 def _rule(chain: str, index: int, obj: Json) -> Rule:
@@ -201,26 +231,50 @@ def _rule(chain: str, index: int, obj: Json) -> Rule:
         except (Unsupported, KeyError, TypeError, ValueError) as exc:
             error = f"unsupported expression at {chain}/rule {index}: {exc}"
             break
-    return Rule(chain, index, tuple(statements), comment, error,
-                handle if isinstance(handle, int) else None)
+    return Rule(
+        chain, index, tuple(statements), comment, error, handle if isinstance(handle, int) else None
+    )
 
 
-def _element(raw: Any, kinds: tuple[Kind, ...], is_map: bool) -> Element:
-    verdict = None
+def _element(raw: Any, kinds: tuple[Kind, ...], is_map: bool, targets: bool) -> Element:
+    verdict, target = None, None
     if is_map:
         if not isinstance(raw, list) or len(raw) != 2:
             raise Unsupported(f"map element {raw!r}")
         raw, data = raw
-        verdict = sx.parse_verdict(data)
+        if targets:
+            target = _target(data)
+        else:
+            verdict = sx.parse_verdict(data)
     meta = raw.get("elem", {}) if isinstance(raw, Mapping) and "elem" in raw else {}
     expires = meta.get("expires")
-    return Element(parse_pattern(raw, kinds), verdict, meta.get("comment"),
-                   expires if isinstance(expires, int) else None)
+    return Element(
+        parse_pattern(raw, kinds),
+        verdict,
+        meta.get("comment"),
+        expires if isinstance(expires, int) else None,
+        target,
+    )
 
 
-def _lookups(statement: sx.Statement) -> list[tuple[str, tuple[Kind, ...]]]:
+def _target(data: Any) -> Target:
+    """`{"concat": [ADDR, PORT]}` or a bare address: where the element DNATs."""
+    two = isinstance(data, Mapping) and set(data) == {"concat"}
+    pattern = parse_pattern(data, (Kind.ADDR, Kind.PORT) if two else (Kind.ADDR,))
+    parts = pattern.parts if isinstance(pattern, Concat) else (pattern,)
+    addr = parts[0].value if isinstance(parts[0], Exact) else None
+    port = parts[-1].value if two and isinstance(parts[-1], Exact) else None
+    if not isinstance(addr, (IPv4Address, IPv6Address)) or (two and not isinstance(port, int)):
+        raise Unsupported(f"map data {data!r} is not an address or address . port")
+    return addr, port if isinstance(port, int) else None
+
+
+def _lookups(statement: sx.Statement) -> list[tuple[str, tuple[Kind, ...], bool]]:
+    """(set, key kinds, whether its data are DNAT targets) a statement looks up."""
     if isinstance(statement, sx.Match) and isinstance(statement.right, sx.SetRef):
-        return [(statement.right.name, sx.kinds_of(statement.left))]
+        return [(statement.right.name, sx.kinds_of(statement.left), False)]
     if isinstance(statement, sx.Vmap) and isinstance(statement.data, sx.SetRef):
-        return [(statement.data.name, sx.kinds_of(statement.key))]
+        return [(statement.data.name, sx.kinds_of(statement.key), False)]
+    if isinstance(statement, sx.DnatMap):
+        return [(statement.map, sx.kinds_of(statement.key), True)]
     return []

@@ -41,6 +41,7 @@ __all__ = [
     "Const",
     "Counter",
     "Dnat",
+    "DnatMap",
     "Expr",
     "Fib",
     "Key",
@@ -183,6 +184,21 @@ class Dnat:
 
 
 @dataclass(frozen=True, slots=True)
+class DnatMap:
+    """`dnat ip to KEY map @name`: the address (and port) is the data of the
+    map's element for the key (ruleset v3's endpoint choice: the key is
+    two constant numgens, the chain's, and `numgen random mod N`)."""
+
+    key: Lookup
+    map: str
+    family: str = ""
+
+    def __str__(self) -> str:
+        family = f"{self.family} " if self.family else ""
+        return f"dnat {family}to {self.key} map @{self.map}"
+
+
+@dataclass(frozen=True, slots=True)
 class Masquerade:
     flags: tuple[str, ...] = ()
 
@@ -211,7 +227,9 @@ class Counter:
         return "counter" if self.packets is None else f"counter packets {self.packets}"
 
 
-Statement = Match | Vmap | Verdict | Mangle | SetUpdate | Dnat | Masquerade | Reject | Counter
+Statement = (
+    Match | Vmap | Verdict | Mangle | SetUpdate | Dnat | DnatMap | Masquerade | Reject | Counter
+)
 
 
 def parse_statement(node: Any) -> Statement:
@@ -260,9 +278,7 @@ def _vmap(body: Any, node: Any) -> Statement:
 
 
 def _pairs(items: Any, node: Any) -> list[tuple[Any, Any]]:
-    if not isinstance(items, list) or not all(
-        isinstance(i, list) and len(i) == 2 for i in items
-    ):
+    if not isinstance(items, list) or not all(isinstance(i, list) and len(i) == 2 for i in items):
         raise Unsupported(f"unsupported map elements {short(node)}")
     return [(i[0], i[1]) for i in items]
 
@@ -287,6 +303,8 @@ def _set(body: Any, node: Any) -> Statement:
 
 
 def _dnat(body: Any, node: Any) -> Statement:
+    if isinstance(body, Mapping) and isinstance(body.get("addr"), Mapping):
+        return _dnat_map(body, node)
     if not isinstance(body, Mapping) or not isinstance(body.get("addr"), str):
         raise Unsupported(f"unsupported dnat {short(node)}")
     if set(body) - {"addr", "port", "family"}:
@@ -295,6 +313,21 @@ def _dnat(body: Any, node: Any) -> Statement:
     if port is not None and not isinstance(port, int):
         raise Unsupported(f"unsupported dnat port {short(node)}")
     return Dnat(body["addr"], port)
+
+
+def _dnat_map(body: Mapping[str, Any], node: Any) -> Statement:
+    """`{"dnat": {"family": F, "addr": {"map": {"key": K, "data": "@m"}}}}`."""
+    lookup = body["addr"].get("map")
+    if (
+        set(body) - {"addr", "family"}
+        or set(body["addr"]) != {"map"}
+        or not (isinstance(lookup, Mapping) and set(lookup) == {"key", "data"})
+    ):
+        raise Unsupported(f"unsupported dnat {short(node)}")
+    data = lookup["data"]
+    if not isinstance(data, str) or not data.startswith("@"):
+        raise Unsupported(f"unsupported dnat map {short(node)}")
+    return DnatMap(parse_key(lookup["key"]), data[1:], str(body.get("family", "")))
 
 
 def _masquerade(body: Any, node: Any) -> Statement:

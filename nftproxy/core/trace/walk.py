@@ -5,8 +5,9 @@ packet with nftables' semantics -- statements left to right, a failed match
 ends the rule, verdicts end it (`jump` returns to the next rule, `goto` does
 not, `return` and the end of a chain go back to the last jump, `accept`
 ends the base chain, `drop` and `reject` end the packet), `dnat` and
-`masquerade` end their NAT chain with accept, a map lookup that finds no
-element ends the rule -- forking the branch wherever `numgen` makes the
+`masquerade` end their NAT chain with accept (`dnat ... map` with the
+element the key finds), a map lookup that finds no element ends the
+rule -- forking the branch wherever `numgen` makes the
 outcome random, each fork carrying its probability. Every rule that acts is
 recorded as a `Step` (in nft syntax, with its comment) and what matters for
 the explanation as events on the `Flow`.
@@ -92,15 +93,21 @@ class _Rule:
             # `meta l4proto tcp` is implied (listings leave the dependency out)
             return [(flow, Signal.NEXT)]
         if not shown:
-            flow = flow.step(self.rule.chain, self.rule.index, self.rule.text(),
-                             self.rule.comment, share if share != 1 else None)
+            flow = self._shown(flow, share)
         if isinstance(statement, sx.Vmap):
             return self._vmap(statement, flow)
+        if isinstance(statement, sx.DnatMap):
+            return self._dnat_map(statement, flow)
         if isinstance(statement, sx.Verdict):
             return self._verdict(statement, flow)
         if isinstance(statement, sx.Mangle):
             return self._mangle(k, statement, flow, share)
         return self._action(k, statement, flow, share)
+
+    def _shown(self, flow: Flow, share: Fraction) -> Flow:
+        """The rule as a step, with the branch's share when it forked."""
+        return flow.step(self.rule.chain, self.rule.index, self.rule.text(), self.rule.comment,
+                         share if share != 1 else None)
 
     def _match(
         self, k: int, statement: sx.Match, flow: Flow, share: Fraction, shown: bool
@@ -130,11 +137,11 @@ class _Rule:
         name = statement.right.name
         key = "?" if o.key is None else value_text(o.key, sx.kinds_of(statement.left))
         if not shown:
-            flow = flow.step(self.rule.chain, self.rule.index, self.rule.text(),
-                             self.rule.comment, share if share != 1 else None)
+            flow = self._shown(flow, share)
         hit = ElementHit(name, key, "", o.element.comment, self.where)
         return flow.with_(elements=(*flow.elements, hit)).step(
-            self.rule.chain, self.rule.index, f"@{name}: {key}", o.element.comment)
+            self.rule.chain, self.rule.index, f"@{name}: {key}", o.element.comment
+        )
 
     def _pinned(self, name: str, expires: int | None, flow: Flow) -> Flow:
         info = self.rs.set_info(name)
@@ -157,10 +164,39 @@ class _Rule:
             comment = o.element.comment if o.element else None
             hit = ElementHit(name.lstrip("@"), key, str(o.verdict), comment, self.where)
             branch = branch.with_(elements=(*branch.elements, hit)).step(
-                self.rule.chain, self.rule.index, f"{name}: {key} : {o.verdict}", comment,
+                self.rule.chain,
+                self.rule.index,
+                f"{name}: {key} : {o.verdict}",
+                comment,
                 o.share if o.share != 1 else None,
             )
             out += self._verdict(o.verdict, branch)
+        return out
+
+    def _dnat_map(self, statement: sx.DnatMap, flow: Flow) -> list[Outcome]:
+        """`dnat to KEY map @m`: per value of the key, DNAT to the element's
+        address . port (named by its comment: the endpoint's KUBE-SEP-<h>),
+        or no element: the rule does not match."""
+        out: list[Outcome] = []
+        name, kinds = f"@{statement.map}", sx.kinds_of(statement.key)
+        for o in lookup(statement, flow, self.rs):
+            branch = flow.scaled(o.share)
+            key = "(no such header)" if o.key is None else value_text(o.key, kinds)
+            share = o.share if o.share != 1 else None
+            if o.element is None or o.element.target is None:
+                branch = branch.step(
+                    self.rule.chain, self.rule.index, f"{name}: no element {key}", None, share
+                )
+                out.append((branch, Signal.NEXT))
+                continue
+            addr, port = o.element.target
+            comment = o.element.comment
+            action = str(sx.Dnat(str(addr), port))
+            hit = ElementHit(statement.map, key, "", comment, self.where)
+            branch = branch.with_(elements=(*branch.elements, hit)).step(
+                self.rule.chain, self.rule.index, f"{name}: {key} : {action}", comment, share
+            )
+            out.append((self._dnat(str(addr), port, comment, branch), Signal.ACCEPT))
         return out
 
     def _verdict(self, verdict: sx.Verdict, flow: Flow) -> list[Outcome]:
@@ -199,7 +235,8 @@ class _Rule:
                 flow = flow.with_(affinity=(*flow.affinity, note))
             return self._from(k + 1, flow, share, shown=True)
         if isinstance(statement, sx.Dnat):
-            return [(self._dnat(statement, flow), Signal.ACCEPT)]
+            dnat = self._dnat(statement.addr, statement.port, self.rule.comment, flow)
+            return [(dnat, Signal.ACCEPT)]
         if isinstance(statement, sx.Masquerade):
             status = flow.ct_status | {"snat"}
             return [(flow.with_(masquerade=self.where, ct_status=status), Signal.ACCEPT)]
@@ -208,13 +245,14 @@ class _Rule:
             return [(ended, Signal.DROP)]
         raise sx.Unsupported(f"unsupported statement {statement} at {self.where}")
 
-    def _dnat(self, statement: sx.Dnat, flow: Flow) -> Flow:
-        addr = ipaddress.ip_address(statement.addr)
+    def _dnat(self, to: str, port: int | None, comment: str | None, flow: Flow) -> Flow:
+        """DNAT to `to` (and `port`; None keeps it), the endpoint named by `comment`."""
+        addr = ipaddress.ip_address(to)
         if addr.version != flow.daddr.version:
             raise sx.Unsupported(f"{self.where}: dnat to {addr} in an IPv{flow.daddr.version} flow")
-        port = statement.port if statement.port is not None else flow.dport
-        note = Dnat(str(addr), statement.port, self.where, self.rule.comment)
-        return flow.with_(daddr=addr, dport=port, ct_status=flow.ct_status | {"dnat"}, dnat=note)
+        note = Dnat(str(addr), port, self.where, comment)
+        dport = port if port is not None else flow.dport
+        return flow.with_(daddr=addr, dport=dport, ct_status=flow.ct_status | {"dnat"}, dnat=note)
 
 
 def _reject_text(statement: sx.Reject) -> str:
