@@ -125,8 +125,12 @@ def tables(ns: str) -> dict[str, Any]:
     for family in ("ip", "ip6"):
         table = our_table(doc, family)
         out[family] = kernel.canonical(table) if table is not None else None
-    text = re.sub(r"(endpoints-(?:tcp|udp|sctp)-)[a-z]\b", r"\1a", json.dumps(out))
-    return dict(json.loads(text))
+    return dict(json.loads(in_generation(json.dumps(out), "a")))
+
+
+def in_generation(listed: str, generation: str) -> str:
+    """A listing's JSON text with its endpoints maps renamed to `generation`'s."""
+    return re.sub(r"(endpoints-(?:tcp|udp|sctp)-)[a-z]\b", rf"\g<1>{generation}", listed)
 
 
 Counts = tuple[int, int, int, int]

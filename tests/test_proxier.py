@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from faults import service_shapes
+from faults import in_generation, service_shapes
 from feed import intake
 from k8s import endpoint_slice, node, service
 from kernel import canonical
@@ -95,11 +94,6 @@ def listing(backend: FakeBackend) -> str:
         [canonical(backend.list_table(f, CONFIG.table_name)) for f in ("ip", "ip6")],
         sort_keys=True,
     )
-
-
-def in_generation(listed: str, generation: str) -> str:
-    """A `listing` with its endpoints maps renamed to `generation`'s."""
-    return re.sub(r"(endpoints-(?:tcp|udp|sctp)-)[a-z]\b", rf"\g<1>{generation}", listed)
 
 
 @contextlib.contextmanager

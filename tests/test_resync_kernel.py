@@ -15,7 +15,8 @@ from typing import Any
 
 import kernel
 import pytest
-from test_proxier import CONFIG, in_generation
+from faults import in_generation
+from test_proxier import CONFIG
 from test_resync import Obj, _objects, _targets, new_cluster, old_cluster, old_table, restarted
 
 from nftproxy.agent.proxier import Proxier

@@ -33,7 +33,7 @@ from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.plan import SKELETON, Staged, TableState
 from nftproxy.core.nft.resync import ResyncPlan, resyncable
 from nftproxy.core.render import RenderedFamily, chunks, port_sets, render_fresh
-from nftproxy.core.rules.skeleton import GENERATIONS, is_endpoints_map
+from nftproxy.core.rules.skeleton import GENERATIONS, endpoints_generation
 
 __all__ = ["Chunked", "Step", "run_steps"]
 
@@ -115,11 +115,10 @@ def _next_generation(listings: Listings) -> str | None:
     holds (None: they hold every one -- resyncs cut short twice -- so one
     transaction)."""
     held = {
-        g
+        endpoints_generation(name)
         for listing in listings.values()
         if listing is not None
-        for g in GENERATIONS
-        if any(is_endpoints_map(n) and n.endswith("-" + g) for n in listing.sets)
+        for name in listing.sets
     }
     free = [g for g in GENERATIONS if g not in held]
     return free[0] if free else None

@@ -48,6 +48,7 @@ __all__ = [
     "SERVICE_NODEPORTS",
     "addr_key",
     "addr_type",
+    "endpoints_generation",
     "endpoints_map",
     "is_endpoints_map",
     "nodeport_ips",
@@ -95,8 +96,16 @@ def endpoints_map(protocol: L4Protocol, generation: str) -> str:
     return f"{ENDPOINTS}-{protocol.nft}-{generation}"
 
 
+_GENERATION_OF = {endpoints_map(p, g): g for p in L4Protocol for g in GENERATIONS}
+
+
+def endpoints_generation(name: str) -> str | None:
+    """The generation of endpoints map `name` (None: not one)."""
+    return _GENERATION_OF.get(name)
+
+
 def is_endpoints_map(name: str) -> bool:
-    return any(name == endpoints_map(p, g) for p in L4Protocol for g in GENERATIONS)
+    return name in _GENERATION_OF
 
 
 def _endpoints_maps(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
