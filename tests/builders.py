@@ -205,6 +205,15 @@ def to(ip: str, port: int = 80, protocol: str = "tcp") -> str:
     return f"meta l4proto {protocol} dnat to {ip}:{port}"
 
 
+def client_key(port: ServicePort, ip: str, family: str = "ip", number: int = 80) -> str:
+    """The key a rule looks up in (and updates) the shared affinity set for
+    a client of endpoint ip:number of `port`: the source, then the
+    endpoint's constant key (names.affinity_key, from its KUBE-SEP-<h>)."""
+    k1, k2 = names.affinity_key(port.name, endpoint(ip, number))
+    constant = "numgen random mod 1 offset"
+    return f"{family} saddr . {constant} {k1} . {constant} {k2}"
+
+
 def sep(ip: str, port: ServicePort = SVC1, number: int = 80) -> str:
     """kube-proxy's KUBE-SEP-<h> of endpoint ip:number of `port`."""
     return names.endpoint_chain(port.name, endpoint(ip, number))
@@ -296,6 +305,8 @@ def _value(v: Any) -> str:
             return "{ " + ", ".join(_value(x) for x in v["set"]) + " }"
         if "concat" in v:
             return " . ".join(_value(x) for x in v["concat"])
+        if "elem" in v:
+            return f"{_value(v['elem']['val'])} timeout {v['elem']['timeout']}s"
         for op in _MARK_OPS:
             if op in v:
                 left, right = v[op]

@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import kernel
+import pytest
 from feed import intake
 from k8s import service
 
 from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
-from nftproxy.core.model import Endpoint, L4Protocol, ServicePortName
-from nftproxy.core.rules import names
+from nftproxy.core.model import Endpoint, IPFamily, L4Protocol, ServicePortName
+from nftproxy.core.rules import expr, names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.kernel import netns as nsutil
 from nftproxy.kernel.fake import FakeBackend
@@ -198,18 +199,24 @@ WEB = ServicePortName("ns", "web", "http", L4Protocol.TCP)
 LB = ServicePortName("ns", "lb", "https", L4Protocol.TCP)
 
 
-def _v2_listing() -> dict[str, Any]:
+def _v2_listing(affinity: str = "v4") -> dict[str, Any]:
     """Two LoadBalancer ports sharing firewall-vips / firewall-allow; web
-    has ClientIP affinity (lookup rules, then a cascade with updates)."""
+    has ClientIP affinity (lookup rules, then a cascade with updates): in
+    the shared set, each element with its timeout (ruleset v4), or in a
+    set per endpoint with the set's timeout (v3, `affinity="v3"`)."""
     eps = [Endpoint(f"10.1.0.{n}", 8080) for n in (1, 2, 3)]
     seps = [names.endpoint_chain(WEB, ep) for ep in eps]
 
+    def update(i: int) -> dict[str, Any]:
+        if affinity == "v3":
+            return {"set": {"op": "update", "elem": SADDR, "set": "@" + seps[i] + "-affinity"}}
+        return expr.affinity_update(IPFamily.IPV4, names.affinity_key(WEB, eps[i]),
+                                    sk.AFFINITY, 900)
+
     def dnat(i: int, *head: Any, what: str = "") -> dict[str, Any]:
-        aff = "@" + seps[i] + "-affinity"
-        update = {"set": {"op": "update", "elem": SADDR, "set": aff}}
         return {"chain": names.service_chain(WEB),
                 "comment": f"ns/web:http -> 10.1.0.{i + 1}:8080{what} {seps[i]}",
-                "expr": [*head, update, {"match": {"op": "==", "left": {"meta": {
+                "expr": [*head, update(i), {"match": {"op": "==", "left": {"meta": {
                     "key": "l4proto"}}, "right": "tcp"}},
                     {"dnat": {"family": "ip", "addr": f"10.1.0.{i + 1}", "port": 8080}}]}
 
@@ -218,7 +225,9 @@ def _v2_listing() -> dict[str, Any]:
                           "right": 0}}
 
     def lookup(i: int) -> dict[str, Any]:
-        return {"match": {"op": "==", "left": SADDR, "right": "@" + seps[i] + "-affinity"}}
+        if affinity == "v3":
+            return {"match": {"op": "==", "left": SADDR, "right": "@" + seps[i] + "-affinity"}}
+        return expr.affinity_lookup(IPFamily.IPV4, names.affinity_key(WEB, eps[i]), sk.AFFINITY)
 
     rules = [*(dnat(i, lookup(i), what=" affinity") for i in range(3)),
              dnat(0, numgen(3)), dnat(1, numgen(2)), dnat(2)]
@@ -236,6 +245,9 @@ def _v2_listing() -> dict[str, Any]:
          {"goto": {"target": names.service_chain(spn)}}]
         for ip, port, spn in (("10.96.0.10", 80, WEB), ("192.168.60.10", 80, WEB),
                               ("192.168.60.11", 443, LB), ("192.168.60.12", 443, LB))]
+    affinity_sets = (
+        [{"name": sep + "-affinity", "flags": ["timeout"], "timeout": 900} for sep in seps]
+        if affinity == "v3" else [{"name": sk.AFFINITY, "flags": ["timeout", "dynamic"]}])
     return {"nftables": [
         {"map": {"name": sk.SERVICE_IPS, "elem": service_ips}},
         {"set": {"name": sk.FIREWALL_VIPS, "elem": [
@@ -245,8 +257,7 @@ def _v2_listing() -> dict[str, Any]:
             allow("192.168.60.10", 80, prefix), allow("192.168.60.11", 443, "172.16.0.9"),
             allow("192.168.60.12", 443, "172.16.0.9"),
             allow("192.168.60.12", 443, {"range": ["172.17.0.1", "172.17.0.9"]})]}},
-        *({"set": {"name": sep + "-affinity", "flags": ["timeout"], "timeout": 900}}
-          for sep in seps),
+        *({"set": body} for body in affinity_sets),
         {"chain": {"name": names.service_chain(WEB)}},
         *({"rule": r} for r in rules),
         {"chain": {"name": names.service_chain(LB)}},
@@ -256,8 +267,9 @@ def _v2_listing() -> dict[str, Any]:
 SADDR = {"payload": {"protocol": "ip", "field": "saddr"}}
 
 
-def test_v2_cascade_identities_affinity_and_grouped_source_ranges() -> None:
-    view = parse_table(_v2_listing(), family="ip", table="nftproxy")
+@pytest.mark.parametrize("affinity", ["v4", "v3"])
+def test_v2_cascade_identities_affinity_and_grouped_source_ranges(affinity: str) -> None:
+    view = parse_table(_v2_listing(affinity), family="ip", table="nftproxy")
     assert view.notice == ""
     data = {s["service"]: s for s in view.to_json()["services"]}
     web, lb = data["ns/web:http"], data["ns/lb:https"]
@@ -272,6 +284,7 @@ def test_v2_cascade_identities_affinity_and_grouped_source_ranges() -> None:
     text = render_text(view)
     assert f"sourceRanges: 192.168.0.0/16  ({names.firewall_chain(WEB)})" in text
     assert f"10.1.0.2:8080                 33.33%  {names.endpoint_chain(WEB, eps[1])}" in text
+    assert "sessionAffinity: ClientIP, timeout 900s" in text
 
 
 def test_a_ruleset_v1_table_is_shown_with_a_notice() -> None:

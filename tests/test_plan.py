@@ -60,7 +60,7 @@ from nftproxy.core.nft.plan import (
     stage_partial,
 )
 from nftproxy.core.rules import names
-from nftproxy.core.rules.fragment import BaseHook, Fragment, SetDecl
+from nftproxy.core.rules.fragment import BaseHook, Fragment
 from nftproxy.core.rules.skeleton import is_endpoints_map, render_skeleton
 from nftproxy.kernel.fake import FakeBackend
 
@@ -148,16 +148,6 @@ def content(kernel: FakeBackend) -> Content:
 
 def listing(kernel: FakeBackend) -> TableListing | None:
     return kernel.list_table_objects(TABLE.family, TABLE.name)
-
-
-def refuses_readding(kernel: FakeBackend, decl: SetDecl) -> bool:
-    """Whether the kernel refuses `add set` of this very declaration (it does
-    for a "dynamic" set); an accepted re-add of the same declaration changes nothing."""
-    try:
-        kernel.commit([TABLE.add_set(decl)])
-    except NftExists:
-        return True
-    return False
 
 
 # --- order checks --------------------------------------------------------------------
@@ -436,7 +426,7 @@ def test_a_deleted_service_with_deferred_deletes_is_gone_after_gc() -> None:
                    load_balancer_source_ranges=("203.0.113.0/25",))
     state, kernel = table(0, svc1=frag(port, [EP1]))
     partial(state, kernel, {SVC1.name: None}, defer=True)
-    assert state.stale_sets and state.stale_chains
+    assert state.stale_chains and not state.stale_sets, "a port declares no set"
     apply(state, kernel, stage_gc(state))
     assert set(content(kernel).chains) == SKEL.chain_names()
     assert set(content(kernel).sets) == {s.name for s in SKEL.sets}
@@ -455,45 +445,67 @@ def test_a_service_that_comes_back_with_other_source_ranges_keeps_no_old_range()
     assert_same_as_full(state, kernel)
 
 
-# --- affinity sets -------------------------------------------------------------------
+# --- the shared affinity set -------------------------------------------------------
 
 AFFINITY = replace(SVC1, session_affinity=SessionAffinity.CLIENT_IP, affinity_timeout=600)
+CLIENT = {"concat": ["192.0.2.7", 1234, 5678]}
+"""An entry the datapath recorded: a client . an endpoint's key."""
 
 
-def test_full_resync_never_flushes_or_redeclares_affinity_sets() -> None:
+def _record_client(kernel: FakeBackend) -> None:
+    kernel.commit(TABLE.add_set_elements(AFFINITY_SET, [{"elem": {"val": CLIENT, "timeout": 600}}]))
+
+
+def _clients(kernel: FakeBackend) -> list[Any]:
+    return [json.loads(e) for e in content(kernel).sets[AFFINITY_SET].elems]
+
+
+def _forget_client(kernel: FakeBackend) -> None:
+    """Expire the recorded entry (so the table equals a fresh one)."""
+    kernel.commit([{"delete": {"element": {
+        "family": "ip", "table": TABLE.name, "name": AFFINITY_SET, "elem": [CLIENT]}}}])
+
+
+AFFINITY_SET = "affinity"
+
+
+def test_full_resync_never_flushes_or_redeclares_the_affinity_set() -> None:
     state, kernel = table(3, svc1=frag(AFFINITY, [EP1, EP2]))
-    aff = {names.affinity_set(SVC1.name, ep) for ep in (EP1, EP2)}
-    # the update rules made them dynamic (each was added with its rule)
-    assert all(refuses_readding(kernel, state.sets[s]) for s in aff)
-    client = TABLE.add_set_elements(next(iter(aff)), ["192.0.2.7"])
-    kernel.commit(client)  # a client the datapath recorded
+    _record_client(kernel)
     commands = full_sync(state, kernel, dict(state.rendered))
     touched = {name for v, k, name, _ in _ops(commands) if k == "set"}
-    assert touched.isdisjoint(aff)
-    assert '"192.0.2.7"' in content(kernel).sets[next(iter(aff))].elems
+    assert AFFINITY_SET not in touched
+    assert len(_clients(kernel)) == 1
     # every other set that exists is flushed and refilled
     assert set(commands_of(commands, "flush", "set")) == {
         "cluster-ips", "nodeport-ips", "service-cidrs", "hairpin-endpoints",
         "firewall-vips", "firewall-allow"}
 
 
-def test_a_stale_affinity_set_that_comes_back_before_gc_is_recreated() -> None:
-    state, kernel = table(0, svc1=frag(AFFINITY, [EP1]))
-    aff = names.affinity_set(SVC1.name, EP1)
-    partial(state, kernel, {SVC1.name: None}, defer=True)
-    assert aff in state.stale_sets
-    commands = partial(state, kernel, {SVC1.name: frag(AFFINITY, [EP1])}, defer=True)
-    # it was created with its update rule, so a plain re-add would be refused
-    assert commands_of(commands, "delete", "set") == [aff]
-    assert commands_of(commands, "add", "set") == [aff]
+def test_adding_or_deleting_a_port_with_affinity_touches_no_set() -> None:
+    """Its clients' entries are in the shared set; a deleted port's expire
+    by their timeout (listing the set to find them would cost what a
+    partial sync must not: docs/architecture.md)."""
+    state, kernel = table(0)
+    commands = partial(state, kernel, {SVC1.name: frag(AFFINITY, [EP1, EP2])})
+    assert not [o for o in _ops(commands) if o[1] == "set"]
+    _record_client(kernel)
+    commands = partial(state, kernel, {SVC1.name: None})
+    assert not [o for o in _ops(commands) if o[1] == "set"]
+    assert len(_clients(kernel)) == 1
+    _forget_client(kernel)
     assert_same_as_full(state, kernel)
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["partial sync", "full sync"])
-def test_a_changed_affinity_timeout_recreates_the_sets_after_flushing_their_users(
+def test_a_changed_affinity_timeout_rewrites_the_chooser_and_keeps_the_clients(
     full: bool,
 ) -> None:
+    """The timeout is the rules' (each update gives it): the new one applies
+    from each client's next packet, as kube-proxy's recreated sets would
+    have it from the client's next connection."""
     state, kernel = table(2, svc1=frag(AFFINITY, [EP1, EP2]))
+    _record_client(kernel)
     longer = frag(replace(AFFINITY, affinity_timeout=900), [EP1, EP2])
     if full:
         desired = {**state.rendered, SVC1.name: longer}
@@ -502,18 +514,14 @@ def test_a_changed_affinity_timeout_recreates_the_sets_after_flushing_their_user
         staged = stage_partial(state, {SVC1.name: longer})
     commands = apply(state, kernel, staged, {SVC1.name: longer})
     ops = _ops(commands)
-    aff = [names.affinity_set(SVC1.name, ep) for ep in (EP1, EP2)]
-    users = [names.service_chain(SVC1.name)]
-    for s in aff:
-        delete = ops.index(next(o for o in ops if o[:3] == ("delete", "set", s)))
-        add = ops.index(next(o for o in ops if o[:3] == ("add", "set", s)))
-        assert delete < add
-        assert "flush" not in {o[0] for o in ops if o[1] == "set" and o[2] == s}
-        for chain in users:
-            flush = ops.index(next(o for o in ops if o[:3] == ("flush", "chain", chain)))
-            first_rule = next(i for i, o in enumerate(ops) if o[:3] == ("add", "rule", chain))
-            assert flush < delete and add < first_rule
-        assert content(kernel).sets[s].timeout == 900
+    assert not [o for o in ops if o[2] == AFFINITY_SET]
+    svc = names.service_chain(SVC1.name)
+    assert ("add", "chain", svc) in {o[:3] for o in ops}
+    rules = content(kernel).chains[svc]
+    assert sum('"timeout": 900' in expr for expr, _ in rules) == 4
+    assert not any('"timeout": 600' in expr for expr, _ in rules)
+    assert len(_clients(kernel)) == 1
+    _forget_client(kernel)
     assert_same_as_full(state, kernel)
 
 
@@ -541,8 +549,8 @@ def test_an_identical_rerender_plans_zero_commands(
 
 
 def test_a_failed_commit_leaves_the_state_as_it_was() -> None:
-    state, kernel = table(3, svc1=frag(AFFINITY, [EP1]))
-    partial(state, kernel, {SVC1.name: frag(SVC1, [EP1, EP2])}, defer=True)  # leaves stale sets
+    state, kernel = table(3, svc1=frag(replace(AFFINITY, node_port=3001), [EP1]))
+    partial(state, kernel, {SVC1.name: frag(SVC1, [EP1, EP2])}, defer=True)  # leaves KUBE-EXT
     before = copy.deepcopy(state)
     change: dict[Owner, Fragment | None] = {
         SVC1.name: frag(AFFINITY, [EP2, EP3]), other(0).name: None}

@@ -1,18 +1,15 @@
 """How a full sync in steps is cut (core/render.py `chunks`): sorted, whole
 service ports, about `min_endpoints` endpoints each, never more than
-MAX_CHUNKS chunks, both families' endpoints counted; and `port_sets`, the
-sets a resync checks against the listing before its first step: those of a
-full render."""
+MAX_CHUNKS chunks, both families' endpoints counted."""
 
 from __future__ import annotations
 
 import itertools
 
-from builders import CONFIG, NODE, endpoint, service_port
+from builders import endpoint, service_port
 
-from nftproxy.core.model import IPFamily, ServicePort, SessionAffinity
-from nftproxy.core.nft.plan import SKELETON
-from nftproxy.core.render import MAX_CHUNKS, chunks, port_sets, render_full
+from nftproxy.core.model import IPFamily, ServicePort
+from nftproxy.core.render import MAX_CHUNKS, chunks
 from nftproxy.core.tracker import StateSnapshot
 
 
@@ -51,14 +48,3 @@ def test_never_more_than_max_chunks() -> None:
     assert all(len(c) == 4 for c in got)
 
 
-def test_port_sets_are_the_sets_of_the_service_ports_of_a_full_render() -> None:
-    sticky = {
-        service_port(f"a{i}", cluster_ip=f"10.96.2.{i + 1}",
-                     session_affinity=SessionAffinity.CLIENT_IP, affinity_timeout=30 + i): 2
-        for i in range(3)
-    }
-    state = _state(IPFamily.IPV4, {**PORTS, **sticky})
-    full = render_full(state, CONFIG, NODE, ())
-    want = [s for owner, f in full.desired().items() if owner != SKELETON for s in f.sets]
-    got = list(port_sets(state, CONFIG, NODE))
-    assert len(got) == 6 and sorted(got, key=str) == sorted(want, key=str)

@@ -10,7 +10,7 @@ Aspects:
 - after every intermediate commit the table is consistent: every goto/jump
   target exists, every service port of the old table keeps its dispatch
   element; new services appear with the final step only;
-- affinity sets that existed are kept with their clients, and stay dynamic;
+- the affinity set is kept with its clients, and stays dynamic;
 - a re-declared set or a changed base-chain hook: one transaction, as before;
 - a refused step raises, the next sync is full and converges; after EBUSY
   its final step leaves the chains flushed, and a later sync deletes them.
@@ -232,30 +232,28 @@ def test_every_intermediate_table_is_consistent(commits: Commits) -> None:
     single.close()
 
 
-def _affinity_sets(b: FakeBackend) -> dict[str, Mapping[str, Any]]:
+def _affinity(b: FakeBackend) -> Mapping[str, Any]:
     doc = b.list_table("ip", "nftproxy")
     assert doc is not None
-    return {o["name"]: o for kind, o in _objects(doc)
-            if kind == "set" and o["name"].endswith("-affinity")}
+    (found,) = [o for kind, o in _objects(doc) if kind == "set" and o["name"] == "affinity"]
+    return found
 
 
-def test_affinity_sets_keep_their_clients_and_stay_dynamic() -> None:
+def test_the_affinity_set_keeps_its_clients_and_stays_dynamic() -> None:
     with started(Commits("1.1")) as backend:
         assert isinstance(backend, Commits)
         old_table(backend, old_cluster())
-        sets = _affinity_sets(backend)
-        assert len(sets) == 3 and all("dynamic" in s["flags"] for s in sets.values())
-        client = {"elem": {"val": "10.0.9.9", "timeout": 60}}
-        for name in sets:  # the datapath remembered a client in each
-            backend.commit([{"add": {"element": {
-                "family": "ip", "table": "nftproxy", "name": name, "elem": [client]}}}])
+        assert "dynamic" in _affinity(backend)["flags"]
+        clients = [{"elem": {"val": {"concat": ["10.0.9.9", 7, i]}, "timeout": 60}}
+                   for i in range(3)]  # the datapath remembered a client of each endpoint
+        backend.commit([{"add": {"element": {
+            "family": "ip", "table": "nftproxy", "name": "affinity", "elem": clients}}}])
         backend.sent.clear()
         restarted(backend, new_cluster(), CHUNK).sync()
         assert len(backend.sent) > 2
-        after = _affinity_sets(backend)
-        assert after.keys() == sets.keys()
-        assert all(s.get("elem") == [client] for s in after.values())
-        assert all("dynamic" in s["flags"] for s in after.values())
+        after = _affinity(backend)
+        assert after.get("elem") == clients
+        assert "dynamic" in after["flags"]
 
 
 def restarts_in_one_transaction(commits: Commits, objects: Sequence[Obj]) -> None:
@@ -268,10 +266,17 @@ def restarts_in_one_transaction(commits: Commits, objects: Sequence[Obj]) -> Non
 
 
 def test_a_redeclared_set_means_one_transaction(commits: Commits) -> None:
+    """A listed skeleton set declared otherwise (`cluster-ips` as an
+    interval set, as another ruleset might): one transaction re-declares it."""
     old_table(commits, old_cluster())
-    changed = [o if o["metadata"]["name"] != "s012" or o["kind"] != "Service"
-               else service("s012", "10.96.0.13", affinity_timeout=90) for o in new_cluster()]
-    restarts_in_one_transaction(commits, changed)
+    table = {"family": "ip", "table": "nftproxy"}
+    commits.commit([
+        {"flush": {"chain": {**table, "name": "KUBE-CLUSTER-IPS-CHECK"}}},
+        {"delete": {"set": {**table, "name": "cluster-ips"}}},
+        {"add": {"set": {**table, "name": "cluster-ips", "type": "ipv4_addr",
+                         "flags": ["interval"]}}},
+    ])
+    restarts_in_one_transaction(commits, new_cluster())
 
 
 def test_a_changed_base_chain_hook_means_one_transaction(commits: Commits) -> None:

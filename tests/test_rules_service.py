@@ -296,14 +296,13 @@ def test_dispatch(case: Case) -> None:
         case.internal_dropped, case.external_dropped)
 
 
-def test_only_session_affinity_declares_per_service_sets() -> None:
-    """Source ranges, node ports and external IPs are elements of shared sets;
-    only ClientIP affinity has sets of its own (one per endpoint)."""
+def test_no_port_declares_a_set_of_its_own() -> None:
+    """Source ranges, node ports, external IPs and ClientIP affinity are
+    elements of shared sets, or entries the datapath adds to one."""
     port = replace(LB_RANGES, node_port=3001, external_ips=(EIP,))
     assert render(port, REMOTE).fragment.sets == ()
     affinity = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
-    assert [s.name for s in render(affinity, REMOTE).fragment.sets] == [
-        names.affinity_set(port.name, endpoint(EP1))]
+    assert render(affinity, REMOTE).fragment.sets == ()
 
 
 # --- masquerade ------------------------------------------------------------------
@@ -420,7 +419,6 @@ RENDERER_TESTS = {
     "_external_chain": "test_etp_local_external_chain_short_circuits_pods_and_host",
     "_firewall_elements": "test_source_ranges_are_firewall_vips_and_firewall_allow_elements",
     "_hairpin_elements": "test_hairpin_elements_pair_each_reachable_endpoint_with_itself",
-    "_affinity_sets": "test_affinity_declares_one_dynamic_timeout_set_per_endpoint",
 }
 HELPERS = {"_key", "_contains_any", "_merge", "_net"}
 RENDERED = ("Chain", "Element", "Rule", "SetDecl", "Json")

@@ -37,6 +37,7 @@ from builders import (
     SVC1,
     SVL,
     chain_of,
+    client_key,
     dispatch,
     dnat_to,
     elements_of,
@@ -56,7 +57,15 @@ from builders import (
 from nftproxy.core.model import Endpoint, IPFamily, L4Protocol, SessionAffinity
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
-from nftproxy.core.rules.fragment import Element, Fragment, Rule, Target, compact_chain
+from nftproxy.core.rules.fragment import (
+    NUMGEN_KEY,
+    Element,
+    Fragment,
+    Rule,
+    Target,
+    compact_chain,
+)
+from nftproxy.core.rules.skeleton import render_skeleton
 
 # --- the chooser: one map pick --------------------------------------------------
 
@@ -249,16 +258,16 @@ def test_ipv6_port_renders_ip6_matches_and_ipv6_addresses() -> None:
     assert fragment.family is IPFamily.IPV6
 
 
-def test_ipv6_affinity_sets_hold_ipv6_addresses() -> None:
+def test_ipv6_affinity_keys_the_ipv6_client() -> None:
     port = service_port(family=IPFamily.IPV6, session_affinity=SessionAffinity.CLIENT_IP)
     ep = endpoint("fd00:10:180::1")
     fragment = render(port, (ep,)).fragment
-    (decl,) = fragment.sets
-    assert decl.type == ("ipv6_addr",)
+    assert fragment.sets == ()
+    key = client_key(port, "fd00:10:180::1", family="ip6")
     assert rules_of(fragment, names.service_chain(port.name))[1:] == [
-        f"ip6 saddr @{decl.name} update @{decl.name} {{ ip6 saddr }} "
+        f"{key} @affinity update @affinity {{ {key} timeout 10800s }} "
         "meta l4proto tcp dnat to [fd00:10:180::1]:80",
-        f"update @{decl.name} {{ ip6 saddr }} meta l4proto tcp dnat to [fd00:10:180::1]:80",
+        f"update @affinity {{ {key} timeout 10800s }} meta l4proto tcp dnat to [fd00:10:180::1]:80",
     ]
 
 
@@ -283,25 +292,33 @@ def _probabilities(rules: list[Rule]) -> dict[str, Fraction]:
     return out
 
 
-def test_affinity_declares_one_dynamic_timeout_set_per_endpoint() -> None:
+def test_affinity_declares_no_set_of_its_own() -> None:
+    """Ruleset v4: every endpoint's clients live in the skeleton's one
+    `affinity` set (a named set per endpoint slowed every commit)."""
     eps = (endpoint(EP1), endpoint(EP2))
-    fragment = render(AFFINITY, eps).fragment
-    assert {s.name for s in fragment.sets} == {
-        names.affinity_set(AFFINITY.name, ep) for ep in eps}
-    for decl in fragment.sets:
-        assert decl.type == ("ipv4_addr",)
-        assert decl.key == ("ip saddr",)
-        assert decl.map is None
-        assert "timeout" in decl.flags
-        assert decl.timeout == 600
-        assert decl.dynamic
-        assert decl.elements == ()
+    assert render(AFFINITY, eps).fragment.sets == ()
+
+
+def test_the_shared_affinity_set_is_dynamic_with_timeouts_per_element() -> None:
+    skeleton = render_skeleton(IPFamily.IPV4, CONFIG, NODE)
+    (decl,) = (s for s in skeleton.sets if s.name == sk.AFFINITY)
+    assert decl.key == ("ip saddr", NUMGEN_KEY, NUMGEN_KEY)
+    assert decl.type == ("ipv4_addr", "integer", "integer")
+    assert decl.map is None
+    assert set(decl.flags) == {"dynamic", "timeout"}
+    assert decl.dynamic
+    assert decl.timeout is None, "each port's rules give their own timeout"
+    assert decl.size == sk.AFFINITY_SIZE and decl.size > 65535
+    six = render_skeleton(IPFamily.IPV6, CONFIG, NODE)
+    (decl6,) = (s for s in six.sets if s.name == sk.AFFINITY)
+    assert decl6.key == ("ip6 saddr", NUMGEN_KEY, NUMGEN_KEY)
 
 
 def test_affinity_default_timeout_is_three_hours() -> None:
     port = service_port(session_affinity=SessionAffinity.CLIENT_IP)
-    (decl,) = render(port, REMOTE).fragment.sets
-    assert decl.timeout == 10800
+    rules = rules_of(render(port, REMOTE).fragment, SVC)
+    assert all("timeout 10800s }" in r for r in rules if "update" in r)
+    assert sum("update" in r for r in rules) == 2
 
 
 def test_every_rule_that_dnats_records_the_client_for_affinity_first() -> None:
@@ -310,37 +327,56 @@ def test_every_rule_that_dnats_records_the_client_for_affinity_first() -> None:
     the cascade pick starts it."""
     port = service_port(session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render(port, REMOTE).fragment
-    aff = names.affinity_set(port.name, endpoint(EP1))
+    key = client_key(port, EP1)
     assert rules_of(fragment, SVC)[1:] == [
-        f"ip saddr @{aff} update @{aff} {{ ip saddr }} {to(EP1)}",
-        f"update @{aff} {{ ip saddr }} {to(EP1)}",
+        f"{key} @affinity update @affinity {{ {key} timeout 10800s }} {to(EP1)}",
+        f"update @affinity {{ {key} timeout 10800s }} {to(EP1)}",
     ]
 
 
 def test_affinity_lookups_come_after_masquerade_and_before_the_cascade() -> None:
     eps = (endpoint(EP1), endpoint(EP2))
     fragment = render(AFFINITY, eps).fragment
-    aff1, aff2 = (names.affinity_set(AFFINITY.name, ep) for ep in eps)
+    key1, key2 = client_key(AFFINITY, EP1), client_key(AFFINITY, EP2)
     assert rules_of(fragment, SVC) == [
         f"ip daddr {CIP} tcp dport 80 ip saddr != 10.0.0.0/8 {MASQ}",
-        f"ip saddr @{aff1} update @{aff1} {{ ip saddr }} {to(EP1)}",
-        f"ip saddr @{aff2} update @{aff2} {{ ip saddr }} {to(EP2)}",
-        f"numgen random mod 2 0 update @{aff1} {{ ip saddr }} {to(EP1)}",
-        f"update @{aff2} {{ ip saddr }} {to(EP2)}",
+        f"{key1} @affinity update @affinity {{ {key1} timeout 600s }} {to(EP1)}",
+        f"{key2} @affinity update @affinity {{ {key2} timeout 600s }} {to(EP2)}",
+        f"numgen random mod 2 0 update @affinity {{ {key1} timeout 600s }} {to(EP1)}",
+        f"update @affinity {{ {key2} timeout 600s }} {to(EP2)}",
     ]
     cascade = list(chain_of(fragment, SVC).rules[3:])
     assert _probabilities(cascade) == {f"{EP1}:80": Fraction(1, 2), f"{EP2}:80": Fraction(1, 2)}
 
 
+def test_an_endpoints_affinity_key_is_its_kube_sep_identity() -> None:
+    """One key per KUBE-SEP-<h>: two endpoints of a port, or one endpoint
+    of two ports, never share clients' entries; the key is the same after a
+    restart (a hash, no allocator)."""
+    other_port = service_port(name="other", session_affinity=SessionAffinity.CLIENT_IP)
+    keys = {
+        client_key(AFFINITY, EP1),
+        client_key(AFFINITY, EP2),
+        client_key(AFFINITY, EP1, number=81),
+        client_key(other_port, EP1),
+    }
+    assert len(keys) == 4
+    k1, k2 = names.affinity_key(AFFINITY.name, endpoint(EP1))
+    assert (k1, k2) == names.endpoints_key(sep(EP1, AFFINITY))
+    assert 0 <= k1 < 2**31 and 0 <= k2 < 2**31
+
+
 def test_affinity_in_kube_svl_looks_up_local_endpoints_only() -> None:
+    """The Cluster and Local choosers share the endpoint's entries, as
+    kube-proxy's two chains share the KUBE-SEP chain and its set."""
     port = replace(ITP_LOCAL, session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render(port, LOCAL_AND_REMOTE).fragment
-    aff1 = names.affinity_set(port.name, endpoint(EP1))
+    key1 = client_key(port, EP1)
     assert rules_of(fragment, SVL)[1:] == [
-        f"ip saddr @{aff1} update @{aff1} {{ ip saddr }} {to(EP1)}",
-        f"update @{aff1} {{ ip saddr }} {to(EP1)}",
+        f"{key1} @affinity update @affinity {{ {key1} timeout 10800s }} {to(EP1)}",
+        f"update @affinity {{ {key1} timeout 10800s }} {to(EP1)}",
     ]
-    assert {s.name for s in fragment.sets} == {aff1}
+    assert fragment.sets == ()
 
 
 def test_without_affinity_there_are_no_lookups_nor_updates() -> None:

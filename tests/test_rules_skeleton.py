@@ -31,7 +31,12 @@ from nftproxy.core.model import HostAddresses, IPFamily, NodeInfo
 from nftproxy.core.nft.ops import Table, typeof_key
 from nftproxy.core.rules import skeleton as skeleton_mod
 from nftproxy.core.rules.fragment import Fragment
-from nftproxy.core.rules.skeleton import is_endpoints_map, nodeport_ips, render_skeleton
+from nftproxy.core.rules.skeleton import (
+    AFFINITY,
+    is_endpoints_map,
+    nodeport_ips,
+    render_skeleton,
+)
 
 V4, V6 = IPFamily.IPV4, IPFamily.IPV6
 NODE = NodeInfo("node-a", ipv4=("192.168.0.2", "10.1.2.3"), ipv6=("fd00:192::2",))
@@ -268,9 +273,13 @@ def test_ipv4_maps_and_sets_are_golden() -> None:
         f"mod 1 . numgen random mod 1 . numgen random mod 1 : ip daddr . {p} dport; "
         f'comment "{p} endpoints: chooser chain key . index -> endpoint"; }}'
         for p in ("tcp", "udp", "sctp")
+    ] + [
+        "add table ip nftproxy\nadd set ip nftproxy affinity { typeof ip saddr . numgen random "
+        "mod 1 . numgen random mod 1; flags dynamic, timeout; size 1048576; "
+        'comment "ClientIP affinity: client . KUBE-SEP key, expiring"; }'
     ]
     assert all(s.elements == () for s in fragment.sets)
-    assert not any(s.dynamic for s in fragment.sets)
+    assert [s.name for s in fragment.sets if s.dynamic] == ["affinity"]
 
 
 def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
@@ -298,6 +307,7 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
     assert chain_rules(fragment, "KUBE-POSTROUTING")[0] == hairpin_rule("ip6", 16384)
     assert {s.name: s.type[0] for s in fragment.sets} == {
         **{f"endpoints-{p}-a": "integer" for p in ("tcp", "udp", "sctp")},
+        "affinity": "ipv6_addr",
         "service-ips": "ipv6_addr",
         "service-nodeports": "inet_proto",
         "no-endpoint-services": "ipv6_addr",
@@ -334,8 +344,10 @@ def test_every_set_lookup_matches_the_key_its_set_is_declared_by(family: IPFamil
     fragment = render_skeleton(family, replace(DEFAULT, nodeport_addresses=("primary",)), NODE)
     lookups = _lookups(fragment)
     declared = sets(fragment)
-    # every set is used (the endpoints maps by the service ports' choosers)
-    assert {name for name, _ in lookups} == {n for n in declared if not is_endpoints_map(n)}
+    # every set is used (the endpoints maps and the affinity set by the
+    # service ports' choosers)
+    by_ports = {n for n in declared if is_endpoints_map(n) or n == AFFINITY}
+    assert {name for name, _ in lookups} == set(declared) - by_ports
     for name, looked_up in lookups:
         assert looked_up == typeof_key(declared[name].key), name
 
@@ -558,6 +570,7 @@ def test_tcp_be_liberal_removes_the_conntrack_invalid_drop() -> None:
 RENDERER_TESTS = {
     "_base_chains": "test_base_chains_hook_types_and_integer_priorities",
     "_endpoints_maps": "test_ipv4_maps_and_sets_are_golden",
+    "_affinity_set": "test_ipv4_maps_and_sets_are_golden",
     "_nodeport_address_match": "test_cidr_lists_select_node_ips",
     "_dispatch_chains": "test_ipv4_skeleton_rules_are_golden",
     "_source_range_rule": "test_every_set_lookup_matches_the_key_its_set_is_declared_by",

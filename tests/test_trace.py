@@ -53,6 +53,8 @@ V4, V6 = IPFamily.IPV4, IPFamily.IPV6
 
 _BUILDERS: dict[str, Callable[[IPFamily], list[Any]]] = {
     "accept": lambda f: [expr.accept()],
+    "affinity_lookup": lambda f: [expr.affinity_lookup(f, (1139835961, 7), "affinity")],
+    "affinity_update": lambda f: [expr.affinity_update(f, (1139835961, 7), "affinity", 600)],
     "addr_match": lambda f: [
         expr.addr_match(f, "saddr", (PODS[0] if f is V4 else PODS[1],)),
         expr.addr_match(f, "daddr", ("10.0.0.1",) if f is V4 else ("fd00::1",), negate=True),
@@ -89,7 +91,6 @@ _BUILDERS: dict[str, Callable[[IPFamily], list[Any]]] = {
     "ret": lambda f: [expr.ret()],
     "set_lookup": lambda f: [expr.set_lookup(f, "saddr", "s"),
                              expr.set_lookup(f, "daddr", "s", negate=True)],
-    "set_update": lambda f: [expr.set_update(f, "s")],
     "vmap": lambda f: [expr.vmap(expr.concat_proto_dport(), "m")],
 }
 

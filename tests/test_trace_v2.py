@@ -2,10 +2,12 @@
 
 Aspects, each on a small table written in the JSON shapes core/rules
 builds for ruleset v2 (so they hold whatever the sample cluster contains):
-- the numgen cascade DNATs inline in KUBE-SVC, with a set `update` in the
-  cascade rule (ClientIP affinity): each endpoint gets its share, the path
-  names the endpoint's KUBE-SEP-<h> from the rule's comment and the chain
-  that DNATed; an affinity rule (lookup, update, DNAT) pins a known client;
+- the numgen cascade DNATs inline in KUBE-SVC, with an `update` of the
+  shared affinity set in the cascade rule (ClientIP affinity, ruleset v4:
+  `ip saddr . K1 . K2`, K the endpoint's key, with the element's timeout):
+  each endpoint gets its share, the path names the endpoint's KUBE-SEP-<h>
+  from the rule's comment and the chain that DNATed; an affinity rule
+  (lookup, update, DNAT) pins a known client;
 - hairpin in KUBE-POSTROUTING (`ct status dnat`, `saddr . daddr` in
   `hairpin-endpoints`): only the client that is its own endpoint is
   masqueraded, and the reason says hairpin;
@@ -23,8 +25,9 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from nftproxy.core.model import Endpoint, L4Protocol, ServicePortName
-from nftproxy.core.rules import names
+from nftproxy.core.model import Endpoint, IPFamily, L4Protocol, ServicePortName
+from nftproxy.core.rules import expr, names
+from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.trace import Host, Origin, Packet, Ruleset, trace
 from nftproxy.core.trace.identity import ENDPOINT, FIREWALL, identity, split
 
@@ -34,6 +37,8 @@ SEP1, SEP2, SEP3 = (f"KUBE-SEP-{c * 16}" for c in "AB2")
 FW = "KUBE-FW-LLLLLLLLLLLLLLLL"
 MARK = {"meta": {"key": "mark"}}
 HOST = Host.of(["192.168.1.1"])
+KEY1, KEY2 = names.endpoints_key(SEP1), names.endpoints_key(SEP2)
+"""The endpoints' keys in the shared affinity set (names.affinity_key)."""
 
 
 def _p(field: str, protocol: str = "ip") -> dict[str, Any]:
@@ -48,8 +53,12 @@ VIP = {"concat": [_p("daddr"), {"meta": {"key": "l4proto"}}, _p("dport", "th")]}
 VIP_SRC = {"concat": [*VIP["concat"], _p("saddr")]}
 
 
-def _update(aff: str) -> dict[str, Any]:
-    return {"set": {"op": "update", "elem": _p("saddr"), "set": "@" + aff}}
+def _update(key: tuple[int, int]) -> dict[str, Any]:
+    return expr.affinity_update(IPFamily.IPV4, key, sk.AFFINITY, 600)
+
+
+def _pinned(key: tuple[int, int]) -> dict[str, Any]:
+    return expr.affinity_lookup(IPFamily.IPV4, key, sk.AFFINITY)
 
 
 def _dnat(ip: str) -> list[dict[str, Any]]:
@@ -76,12 +85,12 @@ def _chains() -> dict[str, tuple[dict[str, Any] | None, list[tuple[list[Any], st
         "nat-pre": ({"type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"},
                     [([{"vmap": {"key": VIP, "data": "@service-ips"}}], None)]),
         SVC: (None, [
-            ([_m(_p("saddr"), "@aff1"), _update("aff1"), *_dnat("10.1.0.1")],
+            ([_pinned(KEY1), _update(KEY1), *_dnat("10.1.0.1")],
              web(1, SEP1, " affinity")),
-            ([_m(_p("saddr"), "@aff2"), _update("aff2"), *_dnat("10.1.0.2")],
+            ([_pinned(KEY2), _update(KEY2), *_dnat("10.1.0.2")],
              web(2, SEP2, " affinity")),
-            ([_numgen(2), _update("aff1"), *_dnat("10.1.0.1")], web(1, SEP1)),
-            ([_update("aff2"), *_dnat("10.1.0.2")], web(2, SEP2)),
+            ([_numgen(2), _update(KEY1), *_dnat("10.1.0.1")], web(1, SEP1)),
+            ([_update(KEY2), *_dnat("10.1.0.2")], web(2, SEP2)),
         ]),
         LB: (None, [(_dnat("10.1.0.3"), f"ns/lb:http -> 10.1.0.3:8080 {SEP3}")]),
         "nat-post": ({"type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"},
@@ -118,9 +127,9 @@ def _sets() -> list[dict[str, Any]]:
             {"concat": ["192.168.60.10", "tcp", 80, "172.16.0.9"]}]}},
         {"set": {"name": "hairpin-endpoints", "elem": [
             {"concat": [f"10.1.0.{n}", f"10.1.0.{n}"]} for n in (1, 2, 3)]}},
-        {"set": {"name": "aff1", "flags": ["timeout"], "timeout": 600}},
-        {"set": {"name": "aff2", "flags": ["timeout"], "timeout": 600, "elem": [
-            {"elem": {"val": "192.168.1.2", "timeout": 600, "expires": 300}}]}},
+        {"set": {"name": sk.AFFINITY, "flags": ["timeout"], "elem": [
+            {"elem": {"val": {"concat": ["192.168.1.2", *KEY2]}, "timeout": 600,
+                      "expires": 300}}]}},
     ]
 
 
@@ -151,9 +160,9 @@ def test_inline_cascade_names_each_endpoints_kube_sep() -> None:
            for p in result.paths]
     assert got == [
         ("10.1.0.1:8080", SVC, SEP1, Fraction(1, 2),
-         "affinity would pin 192.168.1.9 to this endpoint for 600s (@aff1)"),
+         "affinity would pin 192.168.1.9 to this endpoint for 600s (@affinity)"),
         ("10.1.0.2:8080", SVC, SEP2, Fraction(1, 2),
-         "affinity would pin 192.168.1.9 to this endpoint for 600s (@aff2)"),
+         "affinity would pin 192.168.1.9 to this endpoint for 600s (@affinity)"),
     ]
     assert {p.service for p in result.paths} == {"ns/web:http"}
     assert all(not p.masquerade and p.firewall == "" for p in result.paths)
@@ -166,7 +175,7 @@ def test_an_affinity_rule_pins_a_known_client() -> None:
     assert (path.endpoint.address, path.endpoint.identity, path.probability) == (
         "10.1.0.2", SEP2, Fraction(1))
     assert path.endpoint.comment == f"ns/web:http -> 10.1.0.2 affinity {SEP2}"
-    assert path.affinity == "affinity pins 192.168.1.2 to this endpoint (@aff2, 300s left)"
+    assert path.affinity == "affinity pins 192.168.1.2 to this endpoint (@affinity, 300s left)"
 
 
 def test_hairpin_masquerades_only_the_client_that_is_the_endpoint() -> None:

@@ -32,7 +32,7 @@ from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.plan import SKELETON, Staged, TableState
 from nftproxy.core.nft.resync import ResyncPlan, resyncable
-from nftproxy.core.render import RenderedFamily, chunks, port_sets, render_fresh
+from nftproxy.core.render import RenderedFamily, chunks, render_fresh
 from nftproxy.core.rules.skeleton import GENERATIONS, endpoints_generation
 
 __all__ = ["Chunked", "Step", "run_steps"]
@@ -94,12 +94,10 @@ class Chunked:
         renders = self._renders(snapshot, generation)
         skeletons = next(renders)
         for family, r in skeletons.items():
-            state = snapshot.families[family].state
             listing = listings.get(family)
-            sets = port_sets(state, self.config, snapshot.node)
             self.tables[family].use_typeof(self.typeof)
             table = self.tables[family].table
-            if listing is not None and not resyncable(table, listing, r.desired()[SKELETON], sets):
+            if listing is not None and not resyncable(table, listing, r.desired()[SKELETON]):
                 return None
         plans = {
             f: ResyncPlan(

@@ -18,7 +18,7 @@ from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, NodeInfo, ServicePortName, family_of
 from nftproxy.core.nft.plan import SKELETON, Owner
 from nftproxy.core.rules.detect import local_detector
-from nftproxy.core.rules.fragment import Fragment, SetDecl
+from nftproxy.core.rules.fragment import Fragment
 from nftproxy.core.rules.service import RenderContext, render_service_port
 from nftproxy.core.rules.skeleton import GENERATIONS, render_skeleton
 from nftproxy.core.tracker import StateSnapshot
@@ -28,7 +28,6 @@ __all__ = [
     "NoLocal",
     "RenderedFamily",
     "chunks",
-    "port_sets",
     "render_changed",
     "render_fresh",
     "render_full",
@@ -179,15 +178,3 @@ def render_fresh(
             f: render_changed(s, config, node, chunk & s.services.keys(), generation)
             for f, s in states.items()
         }
-
-
-def port_sets(state: StateSnapshot, config: ProxyConfig, node: NodeInfo) -> Iterator[SetDecl]:
-    """The sets and maps `state`'s service ports declare, without rendering
-    the others: only a ClientIP-affinity port declares any (its per-endpoint
-    affinity sets, rules/service.py), so only those are rendered. A chunked
-    resync checks them against the listing before its first step."""
-    ctx = _context(state.family, config, node, GENERATIONS[0])
-    ports = sorted(spn for spn, port in state.services.items() if port.affinity)
-    fragments, _ = _render_ports(state, ctx, ports)
-    for fragment in fragments.values():
-        yield from fragment.sets if fragment is not None else ()

@@ -2,7 +2,8 @@
 
 Layer: kernel edge's test double (no kernel). One job: read what
 core/nft/ops.py `Table.declare_text` writes -- `add table F T` and `add
-set|map F T NAME { typeof KEY [: DATA]; [flags ...;] [comment "..."; ] }`,
+set|map F T NAME { typeof KEY [: DATA]; [flags ...;] [timeout Ns;] [size N;]
+[comment "..."; ] }`,
 one command per line -- into the JSON commands the fake applies, in the
 shape each libnftables lists such a declaration: 1.1.x keeps the typeof
 expressions, 1.0.6 their datatypes (`"type": ["integer", ...]`, `"map":
@@ -22,6 +23,7 @@ _TABLE = re.compile(r"^add table (?P<family>\S+) (?P<table>\S+)$")
 _SET = re.compile(
     r"^add (?P<kind>set|map) (?P<family>\S+) (?P<table>\S+) (?P<name>\S+) \{ (?P<body>.*) \}$"
 )
+_NUMBER = re.compile(r"^(?P<what>timeout|size) (?P<n>\d+)s?$")
 _COMMENT = re.compile(r'^comment "(?P<text>[^"]*)"$')
 
 
@@ -52,6 +54,8 @@ def _declaration(match: re.Match[str], v11: bool) -> dict[str, Any]:
                 )
         elif item.startswith("flags "):
             spec["flags"] = [f.strip() for f in item[len("flags ") :].split(",")]
+        elif (number := _NUMBER.match(item)) is not None:
+            spec[number["what"]] = int(number["n"])
         elif (comment := _COMMENT.match(item)) is not None:
             spec["comment"] = comment.group("text")
         elif item:

@@ -22,7 +22,9 @@ refuses, and so does this model:
 Dynamic sets: libnftables 1.0.6 evaluates a whole batch before sending it,
 and marks a set "dynamic" (NFT_SET_EVAL) when a rule of the batch updates it
 (`{"set": {"op": "update"|"add", "set": "@s"}}`) and the batch creates it.
-A plain JSON `add set` cannot say "dynamic", so re-adding that set later (or
+A plain JSON `add set` cannot say "dynamic" (nft text and 1.1.x JSON can:
+`flags dynamic`, kept apart from the listed flags, which 1.0.6 lists
+without it), so re-adding that set later (or
 later in the same batch) differs in its flags: EEXIST. A set created in an
 earlier transaction than its first update rule stays plain. Binding an
 update rule also sets the size of a set without one to 65535 (listed).
@@ -267,15 +269,19 @@ class Txn:
             type_ if isinstance(type_, list) else [type_]
         ):
             raise Refused(EINVAL_TYPE, f"{kind} {name}: integer key in JSON (libnftables 1.0.6)")
-        for key in ("flags", "timeout", "comment"):
+        says_dynamic = "dynamic" in spec.get("flags", ())
+        flags = [f for f in spec.get("flags", ()) if f != "dynamic"]
+        if flags:
+            obj["flags"] = flags
+        for key in ("timeout", "size", "comment"):
             if spec.get(key):
                 obj[key] = spec[key]
         old = t.sets.get(name)
         evaluated = (spec["family"], spec["table"], name) in self.evaluated
         if old is None:
             obj["handle"] = t.handle()
-            t.sets[name] = self._mine(FSet(kind, obj, dynamic=evaluated))
-        elif old.dynamic and not (self.v11 and evaluated):
+            t.sets[name] = self._mine(FSet(kind, obj, dynamic=evaluated or says_dynamic))
+        elif old.dynamic and not (says_dynamic or (self.v11 and evaluated)):
             raise Refused(EEXIST, f"dynamic {kind} {name} re-added without 'dynamic'")
         else:
             mine = (kind, obj["type"], obj.get("map"), set(obj.get("flags", ())))

@@ -320,10 +320,31 @@ def _fill(view: ServiceView, parsed: _Parsed) -> None:
     if ext is not None:
         local = any("fib" in str(r.get("expr")) for r in ext)
         view.policies["externalTrafficPolicy"] = "Local" if local else "Cluster"
-    for ep in (*view.endpoints, *view.local_endpoints):
-        aff = parsed.sets.get(ep.identity + "-affinity")
-        if aff is not None:
-            view.affinity_timeout = int(aff.get("timeout", 0))
+    for chain in (names.service_chain(spn), names.local_chain(spn)):
+        timeout = _affinity_timeout(parsed.chains.get(chain, []), parsed)
+        if timeout is not None:
+            view.affinity_timeout = timeout
+
+
+def _affinity_timeout(rules: Sequence[Mapping[str, Any]], parsed: _Parsed) -> int | None:
+    """A chooser's ClientIP affinity timeout: that of the element its rules
+    add or refresh (ruleset v4: `update @affinity { ip saddr . K1 . K2
+    timeout T }`), else of the set they update (v3: a set per endpoint,
+    `update @KUBE-SEP-<h>-affinity { ip saddr }`); None without affinity."""
+    for rule in rules:
+        for e in rule.get("expr", []):
+            update = e.get("set") if isinstance(e, Mapping) else None
+            if not isinstance(update, Mapping) or update.get("op") not in ("add", "update"):
+                continue
+            elem = update.get("elem")
+            inner = elem.get("elem") if isinstance(elem, Mapping) else None
+            timeout = inner.get("timeout") if isinstance(inner, Mapping) else None
+            if timeout is None:
+                name = str(update.get("set", "")).removeprefix("@")
+                timeout = parsed.sets.get(name, {}).get("timeout")
+            if isinstance(timeout, int) and _index(timeout, 2**32):
+                return timeout
+    return None
 
 
 def _source_ranges(view: ServiceView, fw: str, parsed: _Parsed) -> None:

@@ -147,6 +147,8 @@ class Table:
             fields["flags"] = list(decl.flags)
         if decl.timeout is not None:
             fields["timeout"] = decl.timeout
+        if decl.size is not None:
+            fields["size"] = decl.size
         return {"add": {kind: _comment(fields, decl.comment)}}
 
     def declare_text(self, decl: SetDecl) -> str:
@@ -159,6 +161,10 @@ class Table:
         body = [f"typeof {typeof}"]
         if decl.flags:
             body.append("flags " + ", ".join(decl.flags))
+        if decl.timeout is not None:
+            body.append(f"timeout {decl.timeout}s")
+        if decl.size is not None:
+            body.append(f"size {decl.size}")
         if decl.comment:
             body.append(f'comment "{names.comment(decl.comment)}"')
         name = _check_name(decl.name)

@@ -9,13 +9,11 @@ transactions:
   0  the skeleton: `add table`; its chains written (flushed first if
      listed); its sets and maps that are not listed added EMPTY -- among
      them the endpoints maps of the generation the table does not use
-     (rules/skeleton.py GENERATIONS)
+     (rules/skeleton.py GENERATIONS), and the shared affinity set where a
+     table of ruleset v3 lacks it
   1..k  per chunk of service ports: each owner's chains written (flushed
-     first if listed), its sets that are not listed added (an affinity set
-     in the same transaction as the rule that updates it, which is what makes
-     it kernel-"dynamic": docs/userspaces.md), and its elements of the new
-     endpoints maps, which its rewritten choosers pick from. No other
-     shared-set element yet.
+     first if listed), and its elements of the new endpoints maps, which
+     its rewritten choosers pick from. No other shared-set element yet.
   final  every other desired non-dynamic set and map flushed (if listed) and
      filled with its static and effective (winner) elements, in ONE
      transaction, so the dispatch, hairpin, firewall and no-endpoint maps
@@ -45,7 +43,7 @@ Uses plan.py's private `_Batch`, `_add_set`, `_add_winners`, `_remove_chain`,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.ops import Table
@@ -68,14 +66,12 @@ from nftproxy.core.rules.skeleton import is_endpoints_map
 __all__ = ["ResyncPlan", "resyncable"]
 
 
-def resyncable(
-    t: Table, listing: TableListing, skeleton: Fragment, port_sets: Iterable[SetDecl]
-) -> bool:
+def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
     """Whether a listed table can be resynced in steps: it has the skeleton's
     layout -- every skeleton chain and set listed, the sets with the same
     declaration, each listed base chain a skeleton chain with the same hook,
-    and no other listed set but per-endpoint affinity sets -- and every
-    desired port set it lists (`port_sets`) has the same declaration.
+    and no other listed set but ruleset v3's per-endpoint affinity sets (the
+    final step deletes them). Service ports declare no sets.
 
     A table of another layout (a rollback or upgrade across ruleset versions:
     ruleset v1's `firewall-ips` vmap, or v2's `firewall-vips` missing) is
@@ -83,10 +79,10 @@ def resyncable(
     onto sets the old service chains do not fill (source ranges unenforced
     until the final step)."""
     skeleton_sets = {decl.name: decl for decl in skeleton.sets}
-    for decl in (*skeleton.sets, *port_sets):
+    for decl in skeleton.sets:
         listed = listing.sets.get(decl.name)
         if listed is None:
-            if decl.name in skeleton_sets and not is_endpoints_map(decl.name):
+            if not _added_in_steps(decl):
                 return False
         elif not _same_declaration(t, decl, listed):
             return False
@@ -102,6 +98,14 @@ def resyncable(
         if (hooks[name] != hook) if name in hooks else (hook is not None):
             return False
     return True
+
+
+def _added_in_steps(decl: SetDecl) -> bool:
+    """Whether a skeleton set the listing lacks can simply be added: no
+    skeleton rule uses it (the endpoints maps, a generation's; the shared
+    affinity set, new in ruleset v4 -- v3 had a set per endpoint -- whose
+    users are the chooser chains the steps rewrite)."""
+    return is_endpoints_map(decl.name) or decl.dynamic
 
 
 class ResyncPlan:

@@ -17,6 +17,8 @@ from nftproxy.core.rules.fragment import Json
 __all__ = [
     "accept",
     "addr_match",
+    "affinity_lookup",
+    "affinity_update",
     "concat_daddr_proto_dport",
     "concat_proto_dport",
     "ct_state",
@@ -42,7 +44,6 @@ __all__ = [
     "reject_tcp_reset",
     "ret",
     "set_lookup",
-    "set_update",
     "vmap",
 ]
 
@@ -160,9 +161,27 @@ def numgen_zero(modulus: int) -> Json:
     return _match({"numgen": {"mode": "random", "mod": modulus}}, 0)
 
 
-def set_update(family: IPFamily, set_name: str) -> Json:
-    """`update @name { ip saddr }` (the set's own timeout applies)."""
-    return {"set": {"op": "update", "set": "@" + set_name, "elem": _payload(_ip(family), "saddr")}}
+def _constant(value: int) -> Json:
+    """`numgen random mod 1 offset V`, the constant V (nft takes no literal
+    in a concatenated key)."""
+    return {"numgen": {"mode": "random", "mod": 1, "offset": value}}
+
+
+def _client_key(family: IPFamily, fixed: tuple[int, int]) -> Json:
+    return {"concat": [_payload(_ip(family), "saddr"), *(_constant(f) for f in fixed)]}
+
+
+def affinity_lookup(family: IPFamily, fixed: tuple[int, int], set_name: str) -> Json:
+    """`ip saddr . F1 . F2 @set`: the client was sent to the endpoint whose
+    key is (F1, F2) within its timeout."""
+    return _match(_client_key(family, fixed), "@" + set_name)
+
+
+def affinity_update(family: IPFamily, fixed: tuple[int, int], set_name: str, timeout: int) -> Json:
+    """`update @set { ip saddr . F1 . F2 timeout T }`: remember (or refresh)
+    that the client goes to the endpoint keyed (F1, F2), for T seconds."""
+    elem = {"elem": {"val": _client_key(family, fixed), "timeout": timeout}}
+    return {"set": {"op": "update", "set": "@" + set_name, "elem": elem}}
 
 
 def dnat(ip: str, port: int) -> Json:
@@ -174,7 +193,7 @@ def dnat_map(family: IPFamily, fixed: tuple[int, int], count: int, map_name: str
     F2 . numgen random mod N map @m`: the key is (F1, F2, i), i uniform over
     0..N-1 (`numgen ... mod 1 offset F` is the constant F: nft takes no
     literal in a concatenated lookup key)."""
-    parts = [{"numgen": {"mode": "random", "mod": 1, "offset": f}} for f in fixed]
+    parts = [_constant(f) for f in fixed]
     parts.append({"numgen": {"mode": "random", "mod": count}})
     lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
     return {"dnat": {"family": _ip(family), "addr": lookup}}

@@ -150,6 +150,8 @@ class SetDecl:
     timeout: int | None = None
     elements: tuple[Any, ...] = ()
     dynamic: bool = False
+    size: int | None = None
+    """The most elements it holds (None: nft's default)."""
     comment: str | None = None
     key: tuple[str, ...] = ()
     data: tuple[str, ...] = ()
@@ -177,7 +179,7 @@ class SetDecl:
 
     def declaration(self) -> tuple[Any, ...]:
         """What cannot change in place: a different declaration means delete + add."""
-        return (self.type, self.map, self.flags, self.timeout)
+        return (self.type, self.map, self.flags, self.timeout, self.size)
 
 
 @dataclass(frozen=True, slots=True)

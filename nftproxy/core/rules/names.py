@@ -19,7 +19,7 @@ from nftproxy.core.model import Endpoint, ServicePortName
 __all__ = [
     "COMMENT_MAX_BYTES",
     "NAME_MAX",
-    "affinity_set",
+    "affinity_key",
     "comment",
     "endpoint_chain",
     "external_chain",
@@ -85,7 +85,8 @@ def endpoint_chain(spn: ServicePortName, endpoint: Endpoint) -> str:
 
 
 def endpoints_key(chain: str) -> tuple[int, int]:
-    """The fixed part of a chooser chain's keys in the endpoints maps: two
+    """The fixed part of a chooser chain's keys in the endpoints maps (and,
+    of an endpoint chain's name, of its clients' in the affinity set): two
     31-bit halves of sha256(chain) (62 bits: no collision expected among
     millions of chains, as kube-proxy's own 80-bit chain names; each below
     2^31, which 1.0.6's JSON lists as a signed number otherwise)."""
@@ -94,16 +95,19 @@ def endpoints_key(chain: str) -> tuple[int, int]:
     return int.from_bytes(digest[:4], "big") & mask, int.from_bytes(digest[4:8], "big") & mask
 
 
+def affinity_key(spn: ServicePortName, endpoint: Endpoint) -> tuple[int, int]:
+    """The endpoint's part of its clients' keys in the shared affinity set:
+    `endpoints_key` of its KUBE-SEP-<h> (the same for the port's Cluster and
+    Local choosers, as kube-proxy's one set per endpoint chain)."""
+    return endpoints_key(endpoint_chain(spn, endpoint))
+
+
 _AFFINITY_SUFFIX = "-affinity"
 
 
-def affinity_set(spn: ServicePortName, endpoint: Endpoint) -> str:
-    """KUBE-SEP-<h>-affinity: clients recently sent to this endpoint (ClientIP)."""
-    return endpoint_chain(spn, endpoint) + _AFFINITY_SUFFIX
-
-
 def is_affinity_set(name: str) -> bool:
-    """Whether `name` is one of `affinity_set`'s names."""
+    """Whether `name` is a per-endpoint affinity set, KUBE-SEP-<h>-affinity,
+    of ruleset v3 and older (a listed leftover: the resync deletes it)."""
     return name.startswith("KUBE-SEP-") and name.endswith(_AFFINITY_SUFFIX)
 
 

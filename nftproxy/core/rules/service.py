@@ -16,13 +16,15 @@ elements only, and the table holds one rule per chooser whatever its
 endpoints (the kernel validates every rule of the table when a commit adds
 a jump or a NAT rule: docs/architecture.md). With ClientIP affinity the
 chooser is the numgen cascade, DNATing inline: rule i of n is `numgen
-random mod (n-i) == 0 update @affinity meta l4proto P dnat to EP`, the last
-without numgen. Everything else a port
-needs is elements of shared sets and maps: dispatch (service-ips, ...),
-hairpin (endpoint . endpoint), loadBalancerSourceRanges (firewall-vips,
-firewall-allow; KUBE-FW-<h> in the comment). The only per-port sets are
-ClientIP affinity's, one per endpoint as kube-proxy's (docs/architecture.md,
-"The ruleset", has the measurements behind this shape).
+random mod (n-i) == 0 update @affinity { ip saddr . K1 . K2 timeout T } meta
+l4proto P dnat to EP`, the last without numgen, after one lookup rule per
+endpoint, `ip saddr . K1 . K2 @affinity` (K: the endpoint's key, from its
+KUBE-SEP-<h>); one shared set remembers every client of every endpoint.
+Everything else a port needs is elements of shared sets and maps: dispatch
+(service-ips, ...), hairpin (endpoint . endpoint), loadBalancerSourceRanges
+(firewall-vips, firewall-allow; KUBE-FW-<h> in the comment). A port declares
+no set of its own (docs/architecture.md, "The ruleset", has the measurements
+behind this shape).
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ from nftproxy.core.rules.fragment import (
     Fragment,
     Json,
     Rule,
-    SetDecl,
     Target,
     Verdict,
 )
@@ -182,11 +183,11 @@ def _masquerade_rule(p: PortPlan, ctx: RenderContext) -> list[Rule]:
 
 
 def _endpoint_tail(p: PortPlan, ep: Endpoint, ctx: RenderContext) -> tuple[Json, ...]:
-    """What sending to `ep` does: refresh its affinity entry, then DNAT."""
-    refresh: tuple[Json, ...] = ()
-    if p.port.affinity:
-        refresh = (expr.set_update(ctx.family, names.affinity_set(p.port.name, ep)),)
-    return (*refresh, expr.l4proto(p.port.protocol), expr.dnat(ep.ip, ep.port))
+    """What sending to `ep` with affinity does: remember (or refresh) the
+    client's entry for it, then DNAT."""
+    fixed = names.affinity_key(p.port.name, ep)
+    refresh = expr.affinity_update(ctx.family, fixed, sk.AFFINITY, p.port.affinity_timeout)
+    return (refresh, expr.l4proto(p.port.protocol), expr.dnat(ep.ip, ep.port))
 
 
 def _endpoint_comment(p: PortPlan, ep: Endpoint, what: str = "") -> str:
@@ -197,10 +198,12 @@ def _endpoint_comment(p: PortPlan, ep: Endpoint, what: str = "") -> str:
 def _affinity_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderContext) -> list[Rule]:
     """ClientIP affinity: lookups, then the numgen cascade over `endpoints`,
     each rule DNATing to its endpoint (named by its KUBE-SEP identity in the
-    comment) and refreshing its affinity set."""
+    comment) and refreshing the client's entry for it in the shared
+    affinity set."""
     rules: list[Rule] = []
     for ep in endpoints:
-        lookup = expr.set_lookup(ctx.family, "saddr", names.affinity_set(p.port.name, ep))
+        fixed = names.affinity_key(p.port.name, ep)
+        lookup = expr.affinity_lookup(ctx.family, fixed, sk.AFFINITY)
         tail = _endpoint_tail(p, ep, ctx)
         rules.append(Rule((lookup, *tail), _endpoint_comment(p, ep, " affinity")))
     n = len(endpoints)
@@ -327,22 +330,6 @@ def _hairpin_elements(p: PortPlan) -> list[Element]:
     return [Element(sk.HAIRPIN_ENDPOINTS, (ip, ip)) for ip in ips]
 
 
-def _affinity_sets(p: PortPlan, ctx: RenderContext) -> list[SetDecl]:
-    """ClientIP affinity: one dynamic timeout set per endpoint (kube-proxy's)."""
-    if not p.port.affinity:
-        return []
-    return [
-        SetDecl.keyed(
-            names.affinity_set(p.port.name, ep),
-            (sk.addr_key(ctx.family, "saddr"),),
-            flags=("timeout",),
-            timeout=p.port.affinity_timeout,
-            dynamic=True,
-        )
-        for ep in p.cats.reachable
-    ]
-
-
 def render_service_port(
     port: ServicePort, endpoints: Sequence[Endpoint], ctx: RenderContext
 ) -> RenderedPort:
@@ -358,7 +345,7 @@ def render_service_port(
         *_firewall_elements(p, ctx),
         *_hairpin_elements(p),
     )
-    fragment = Fragment(ctx.family, chains, tuple(_affinity_sets(p, ctx)), elements)
+    fragment = Fragment(ctx.family, chains, (), elements)
     dropped_int = p.cats.has_any and not p.has_internal
     dropped_ext = p.cats.has_any and not p.has_external and port.externally_accessible
     return RenderedPort(fragment, dropped_int, dropped_ext)

@@ -25,6 +25,8 @@ from nftproxy.core.rules import expr
 from nftproxy.core.rules.fragment import NUMGEN_KEY, BaseHook, Chain, Fragment, Json, Rule, SetDecl
 
 __all__ = [
+    "AFFINITY",
+    "AFFINITY_SIZE",
     "CLUSTER_IPS",
     "CLUSTER_IPS_CHECK",
     "ENDPOINTS",
@@ -76,6 +78,11 @@ CLUSTER_IPS = "cluster-ips"
 NODEPORT_IPS = "nodeport-ips"
 SERVICE_CIDRS = "service-cidrs"
 ENDPOINTS = "endpoints"
+AFFINITY = "affinity"
+AFFINITY_SIZE = 1 << 20
+"""Clients x endpoints the shared affinity set can remember at once (nft's
+default for a dynamic set is 65,535, which kube-proxy's one set per endpoint
+gave each endpoint; the kernel allocates per element, not by this size)."""
 GENERATIONS = ("a", "b", "c")
 """The endpoints maps come in generations: a full sync over an existing
 table (core/nft/resync.py) fills one the table does not hold, chunk by
@@ -119,6 +126,22 @@ def _endpoints_maps(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
             comment=f"{p.nft} endpoints: chooser chain key . index -> endpoint",
         )
         for p in L4Protocol
+    )
+
+
+def _affinity_set(family: IPFamily) -> SetDecl:
+    """ClientIP affinity, one set for every endpoint: client . the endpoint's
+    key (names.endpoints_key of its KUBE-SEP-<h>), added and refreshed by the
+    chooser rules with the port's timeout, so adding an endpoint with
+    affinity adds no set (each named set slows libnftables' cache and the
+    kernel's set lookups: docs/architecture.md)."""
+    return SetDecl.keyed(
+        AFFINITY,
+        (addr_key(family, "saddr"), NUMGEN_KEY, NUMGEN_KEY),
+        flags=("dynamic", "timeout"),
+        size=AFFINITY_SIZE,
+        dynamic=True,
+        comment="ClientIP affinity: client . KUBE-SEP key, expiring",
     )
 
 
@@ -384,5 +407,6 @@ def render_skeleton(
     sets = (
         *_maps_and_sets(family, config, node, service_cidrs),
         *_endpoints_maps(family, generation),
+        _affinity_set(family),
     )
     return Fragment(family, chains, sets)

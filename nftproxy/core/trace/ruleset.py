@@ -80,6 +80,8 @@ class Element:
     expires: int | None = None
     target: Target | None = None
     """A `dnat ... map` element's address . port (its verdict is None)."""
+    timeout: int | None = None
+    """A dynamic set's element's own timeout (affinity), seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,13 +249,14 @@ def _element(raw: Any, kinds: tuple[Kind, ...], is_map: bool, targets: bool) -> 
         else:
             verdict = sx.parse_verdict(data)
     meta = raw.get("elem", {}) if isinstance(raw, Mapping) and "elem" in raw else {}
-    expires = meta.get("expires")
+    expires, timeout = meta.get("expires"), meta.get("timeout")
     return Element(
         parse_pattern(raw, kinds),
         verdict,
         meta.get("comment"),
         expires if isinstance(expires, int) else None,
         target,
+        timeout if isinstance(timeout, int) else None,
     )
 
 

@@ -163,14 +163,18 @@ class Mangle:
 
 @dataclass(frozen=True, slots=True)
 class SetUpdate:
-    """`update @set { ELEM }` / `add @set { ELEM }` (session affinity)."""
+    """`update @set { ELEM [timeout Ns] }` / `add @set { ... }` (session
+    affinity: ruleset v4's `ip saddr . K1 . K2 timeout N` in the shared
+    set, the element's own timeout; v3's `ip saddr`, the set's)."""
 
     op: str
     set: str
-    elem: Expr
+    elem: Lookup
+    timeout: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.op} @{self.set} {{ {self.elem} }}"
+        timeout = "" if self.timeout is None else f" timeout {self.timeout}s"
+        return f"{self.op} @{self.set} {{ {self.elem}{timeout} }}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +303,21 @@ def _set(body: Any, node: Any) -> Statement:
     elem = body["elem"]
     if isinstance(elem, Mapping) and set(elem) == {"set"} and len(elem["set"]) == 1:
         elem = elem["set"][0]
-    return SetUpdate(body["op"], str(name)[1:], parse_expr(elem))
+    timeout = None
+    if isinstance(elem, Mapping) and set(elem) == {"elem"}:
+        elem, timeout = _timed(elem["elem"], node)
+    return SetUpdate(body["op"], str(name)[1:], parse_key(elem), timeout)
+
+
+def _timed(inner: Any, node: Any) -> tuple[Any, int | None]:
+    """`{"val": KEY, "timeout": N}`, an element with its own timeout: the
+    key and the timeout (anything else on the element is not understood)."""
+    if not isinstance(inner, Mapping) or "val" not in inner or set(inner) - {"val", "timeout"}:
+        raise Unsupported(f"unsupported set element {short(node)}")
+    timeout = inner.get("timeout")
+    if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)):
+        raise Unsupported(f"unsupported element timeout {short(node)}")
+    return inner["val"], timeout
 
 
 def _dnat(body: Any, node: Any) -> Statement:

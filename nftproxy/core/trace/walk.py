@@ -23,7 +23,7 @@ from fractions import Fraction
 from nftproxy.core.trace import syntax as sx
 from nftproxy.core.trace.evaluate import MatchOutcome, evaluate, lookup, match
 from nftproxy.core.trace.flow import Affinity, Dnat, ElementHit, Flow, MarkSet, Where
-from nftproxy.core.trace.ruleset import Rule, Ruleset
+from nftproxy.core.trace.ruleset import Element, Rule, Ruleset
 from nftproxy.core.trace.values import value_text
 
 __all__ = ["MAX_DEPTH", "Outcome", "Signal", "run_chain"]
@@ -122,7 +122,7 @@ class _Rule:
                 continue
             seen = shown
             if o.element is not None and isinstance(statement.right, sx.SetRef):
-                branch = self._pinned(statement.right.name, o.element.expires, branch)
+                branch = self._pinned(statement.right.name, o.element, branch)
                 if o.element.comment:
                     branch, seen = self._named(statement, o, branch, share * o.share, shown), True
             out += self._from(k + 1, branch, share * o.share, seen)
@@ -143,11 +143,15 @@ class _Rule:
             self.rule.chain, self.rule.index, f"@{name}: {key}", o.element.comment
         )
 
-    def _pinned(self, name: str, expires: int | None, flow: Flow) -> Flow:
-        info = self.rs.set_info(name)
-        if info.timeout is None and expires is None:
+    def _pinned(self, name: str, element: Element, flow: Flow) -> Flow:
+        """An element of an expiring set matched: the client is pinned (its
+        timeout the element's own, else the set's)."""
+        timeout = element.timeout
+        if timeout is None:
+            timeout = self.rs.set_info(name).timeout
+        if timeout is None and element.expires is None:
             return flow
-        note = Affinity(name, pinned=True, timeout=info.timeout, expires=expires)
+        note = Affinity(name, pinned=True, timeout=timeout, expires=element.expires)
         return flow.with_(affinity=(*flow.affinity, note))
 
     def _vmap(self, statement: sx.Vmap, flow: Flow) -> list[Outcome]:
@@ -229,7 +233,9 @@ class _Rule:
         self, k: int, statement: sx.Statement, flow: Flow, share: Fraction
     ) -> list[Outcome]:
         if isinstance(statement, sx.SetUpdate):
-            timeout = self.rs.set_info(statement.set).timeout
+            timeout = statement.timeout
+            if timeout is None:
+                timeout = self.rs.set_info(statement.set).timeout
             if not any(a.set == statement.set for a in flow.affinity):
                 note = Affinity(statement.set, pinned=False, timeout=timeout)
                 flow = flow.with_(affinity=(*flow.affinity, note))
