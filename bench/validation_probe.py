@@ -12,6 +12,8 @@ times, R times each, transactions that add and remove again:
 - `plain_elem`: one element of `hairpin-endpoints` (a plain set);
 - `goto_elem`:  one `service-ips` element -> an existing KUBE-SVC chain;
 - `chain_rule`: one new chain with one dnat rule (and its deletion);
+- `chain_map_rule`: one new chain with the chooser's rule (its last: the
+                endpoints-map pick, ruleset v3+);
 - `rewrite`:    flush one existing KUBE-SVC chain and add its rules again
                 (what "change one endpoint" sends).
 
@@ -54,6 +56,7 @@ def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str,
         ],
     }
     chain = {**table, "name": svc_chain}
+    pick = {**rules[-1], "chain": "KUBE-PROBE"}
     return {
         "plain_elem": ([{"add": {"element": elem}}], [{"delete": {"element": elem}}]),
         "goto_elem": (
@@ -62,6 +65,10 @@ def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str,
         ),
         "chain_rule": (
             [{"add": {"chain": probe}}, {"add": {"rule": rule}}],
+            [{"flush": {"chain": probe}}, {"delete": {"chain": probe}}],
+        ),
+        "chain_map_rule": (
+            [{"add": {"chain": probe}}, {"add": {"rule": pick}}],
             [{"flush": {"chain": probe}}, {"delete": {"chain": probe}}],
         ),
         "rewrite": (

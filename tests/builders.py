@@ -35,6 +35,7 @@ from nftproxy.core.model import (
     TrafficPolicy,
 )
 from nftproxy.core.rules import names
+from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.detect import local_detector
 from nftproxy.core.rules.fragment import Chain, Element, Fragment, Key, Rule, Target, Verdict
 from nftproxy.core.rules.service import RenderContext, RenderedPort, render_service_port
@@ -212,6 +213,13 @@ def client_key(port: ServicePort, ip: str, family: str = "ip", number: int = 80)
     k1, k2 = names.affinity_key(port.name, endpoint(ip, number))
     constant = "numgen random mod 1 offset"
     return f"{family} saddr . {constant} {k1} . {constant} {k2}"
+
+
+def endpoints_map_of(chain: str, protocol: str = "tcp", generation: str = "a") -> str:
+    """The endpoints map (protocol, generation, the shard of the chain's
+    key) that chooser `chain` picks from."""
+    shard = sk.endpoints_shard(names.endpoints_key(chain))
+    return sk.endpoints_map(L4Protocol(protocol.upper()), generation, shard)
 
 
 def sep(ip: str, port: ServicePort = SVC1, number: int = 80) -> str:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from builders import CONFIG, NODE, endpoint, render, service_port
+from builders import CONFIG, NODE, endpoint, endpoints_map_of, render, service_port
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -372,7 +372,8 @@ def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
     commands = partial(state, kernel, {SVC1.name: frag(itp_local, [local_ep])})
     elems = [(v, name, spec["elem"]) for v, k, name, spec in _ops(commands) if k == "element"]
     moved = [(v, n) for v, n, _ in elems if is_endpoints_map(n)]
-    assert moved == [("delete", "endpoints-tcp-a"), ("add", "endpoints-tcp-a")]  # SVC's -> SVL's
+    svc, svl = (endpoints_map_of(c(SVC1.name)) for c in (names.service_chain, names.local_chain))
+    assert moved == [("delete", svc), ("add", svl)]  # SVC's -> SVL's
     elems = [e for e in elems if not is_endpoints_map(e[1])]
     key = {"concat": ["172.30.0.41", "tcp", 80]}
     assert [(v, n) for v, n, _ in elems] == [("delete", "service-ips"), ("add", "service-ips")]

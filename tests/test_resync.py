@@ -166,13 +166,16 @@ def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> 
     sizes = [len(c) for c in commits.sent]
     # skeleton, 8 chunks of about 6 endpoints (16 services of 2-4), the final switch
     assert len(sizes) == 10, sizes
-    assert sizes[0] < whole / 2 and max(sizes[1:]) < whole / 5, (sizes, whole)
+    # the final step also deletes the old generation's 3 x 32 endpoints maps
+    # of each family, most of its size in a cluster this small
+    assert sizes[0] < whole / 2 and max(sizes[1:-1]) < whole / 5, (sizes, whole)
+    assert sizes[-1] - 2 * 96 < whole / 5, (sizes, whole)
     final = commits.sent[-1]
     assert not any("rule" in body for c in final for body in c.values())
     # before the final step, elements only of the new endpoints maps, with their choosers
     stepped = {body["element"]["name"] for step in commits.sent[:-1] for c in step
                for body in c.values() if "element" in body}
-    assert stepped == {"endpoints-tcp-b"}
+    assert stepped and all(n.startswith("endpoints-tcp-b-") for n in stepped)
     assert not any("element" in body and body["element"]["name"].startswith("endpoints-")
                    for c in final for body in c.values())
     single.close()
@@ -300,6 +303,34 @@ def test_a_table_of_another_layout_means_one_transaction(commits: Commits) -> No
     commits.commit([{"add": {"map": {**table, "name": "firewall-ips",
                                      "type": "ipv4_addr", "map": "verdict"}}}])
     restarts_in_one_transaction(commits, new_cluster())
+
+
+def test_an_older_rulesets_service_sets_go_in_steps(commits: Commits) -> None:
+    """A table of ruleset v4 (unsharded `endpoints-tcp-a`) or v3 (a set per
+    affinity endpoint), with a chain that still uses them: the restart goes
+    in steps and its final step deletes them, ending in the one-transaction
+    table."""
+    want = one_transaction(old_cluster(), new_cluster())[0]
+    old_table(commits, old_cluster())
+    table = {"family": "ip", "table": "nftproxy"}
+    commits.declare(["add map ip nftproxy endpoints-tcp-a { typeof numgen random mod 1 . "
+                     "numgen random mod 1 . numgen random mod 1 : ip daddr . tcp dport; }"])
+    old = {"concat": [{"numgen": {"mode": "random", "mod": 1, "offset": k}} for k in (1, 2, 0)]}
+    commits.commit([
+        {"add": {"set": {**table, "name": "KUBE-SEP-ABCDEFGHIJKLMNOP-affinity",
+                         "type": "ipv4_addr", "flags": ["timeout"], "timeout": 60}}},
+        {"add": {"chain": {**table, "name": "KUBE-SVC-ABCDEFGHIJKLMNOP"}}},
+        {"add": {"rule": {**table, "chain": "KUBE-SVC-ABCDEFGHIJKLMNOP", "expr": [
+            {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
+                       "right": "@KUBE-SEP-ABCDEFGHIJKLMNOP-affinity"}},
+            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+            {"dnat": {"family": "ip", "addr": {"map": {"key": old,
+                                                        "data": "@endpoints-tcp-a"}}}}]}}},
+    ])
+    commits.sent.clear()
+    restarted(commits, new_cluster(), CHUNK).sync()
+    assert len(commits.sent) > 2  # in steps
+    assert listing(commits) == want
 
 
 def test_a_missing_skeleton_set_means_one_transaction(commits: Commits) -> None:

@@ -16,6 +16,7 @@ dispatch, masquerade and the renderer meta-test live in test_rules_service.py.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from fractions import Fraction
 
@@ -42,6 +43,7 @@ from builders import (
     dnat_to,
     elements_of,
     endpoint,
+    endpoints_map_of,
     hairpin,
     labels,
     picked,
@@ -75,7 +77,7 @@ def _pick_rule(n: int, chain: str = SVC, protocol: str = "tcp", family: str = "i
     f1, f2 = names.endpoints_key(chain)
     return (f"meta l4proto {protocol} dnat {family} to numgen random mod 1 offset {f1} . "
             f"numgen random mod 1 offset {f2} . numgen random mod {n} "
-            f"map @endpoints-{protocol}-a")
+            f"map @{endpoints_map_of(chain, protocol)}")
 
 
 def _map_probabilities(fragment: Fragment, rule: Rule) -> dict[str, Fraction]:
@@ -107,7 +109,7 @@ def test_map_pick_picks_each_endpoint_with_probability_one_over_n(n: int) -> Non
     assert _map_probabilities(fragment, pick) == {ep.address: Fraction(1, n) for ep in eps}
     fixed = names.endpoints_key(SVC)
     assert _map_elements(fragment) == [
-        Element("endpoints-tcp-a", (*fixed, i), Target(ep.ip, 80),
+        Element(endpoints_map_of(SVC), (*fixed, i), Target(ep.ip, 80),
                 f"ns1/svc1:p80 -> {ep.address} {sep(ep.ip)}")
         for i, ep in enumerate(eps)]
 
@@ -134,13 +136,31 @@ def test_endpoint_rule_dnats_with_the_service_protocol(protocol: L4Protocol) -> 
     assert rules_of(fragment, chain)[1:] == [picks(EP1, port=8080, protocol=proto)]
     assert [text(r) for r in chain_of(fragment, chain).rules[1:]] == [
         _pick_rule(1, chain, proto)]
-    assert {e.set_name for e in _map_elements(fragment)} == {f"endpoints-{proto}-a"}
+    assert {e.set_name for e in _map_elements(fragment)} == {endpoints_map_of(chain, proto)}
     assert {c.name for c in fragment.chains} == {chain}
     assert elements_of(fragment, "hairpin-endpoints") == {(EP1, EP1): None}
     affinity = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render(affinity, (endpoint(EP1, 8080),)).fragment
     assert rules_of(fragment, chain)[-1].endswith(to(EP1, 8080, proto))
     assert _map_elements(fragment) == []
+
+
+def test_choosers_spread_over_the_endpoints_map_shards() -> None:
+    """A chooser's rule and its elements name the same shard, the one its
+    key picks; 640 ports use every one of the 32, none with more than 2.5x
+    its share (a new chooser makes the kernel walk its shard's elements:
+    rules/skeleton.py ENDPOINTS_SHARDS)."""
+    used: Counter[str] = Counter()
+    for i in range(640):
+        port = service_port(f"s{i}", cluster_ip=f"10.96.{i // 250}.{i % 250 + 1}")
+        fragment = render(port, (endpoint(EP1), endpoint(EP2))).fragment
+        (pick,) = chain_of(fragment, names.service_chain(port.name)).rules[1:]
+        (ref,) = {w[1:] for w in text(pick).split() if w.startswith("@")}
+        assert {e.set_name for e in _map_elements(fragment)} == {ref}
+        assert sk.is_endpoints_map(ref)
+        used[ref] += 1
+    assert len(used) == sk.ENDPOINTS_SHARDS == 32
+    assert max(used.values()) <= 2.5 * 640 / 32
 
 
 def test_a_changed_endpoint_changes_elements_only() -> None:
@@ -154,7 +174,8 @@ def test_a_changed_endpoint_changes_elements_only() -> None:
     assert before.sets == after.sets
     assert [e.key for e in _map_elements(before)] == [e.key for e in _map_elements(after)]
     changed = set(before.elements) ^ set(after.elements)
-    assert {e.set_name for e in changed} == {"endpoints-tcp-a", "hairpin-endpoints"}
+    maps = {endpoints_map_of(c) for c in (SVC, SVL)}
+    assert {e.set_name for e in changed} == {*maps, "hairpin-endpoints"}
     assert [str(e.value) for e in _map_elements(after)] == [
         f"{EP1}:8080", f"{EP3}:80", f"{EP1}:8080"]  # KUBE-SVC's two, then KUBE-SVL's one
 
@@ -253,7 +274,7 @@ def test_ipv6_port_renders_ip6_matches_and_ipv6_addresses() -> None:
     pick = chain_of(fragment, chain).rules[1]
     assert text(pick) == _pick_rule(1, chain, family="ip6")
     assert picked(fragment, pick) == [Element(
-        "endpoints-tcp-a", (*names.endpoints_key(chain), 0), Target("fd00:10:180::1", 80),
+        endpoints_map_of(chain), (*names.endpoints_key(chain), 0), Target("fd00:10:180::1", 80),
         f"ns1/svc1:p80 -> [fd00:10:180::1]:80 {names.endpoint_chain(port.name, ep)}")]
     assert fragment.family is IPFamily.IPV6
 
@@ -383,6 +404,7 @@ def test_without_affinity_there_are_no_lookups_nor_updates() -> None:
     """The only set a chooser without affinity reads is the endpoints map."""
     fragment = render(SVC1, (endpoint(EP1), endpoint(EP2))).fragment
     rules = [text(r) for c in fragment.chains for r in c.rules]
-    assert {word for r in rules for word in r.split() if "@" in word} == {"@endpoints-tcp-a"}
+    assert {word for r in rules for word in r.split() if "@" in word} == {
+        "@" + endpoints_map_of(SVC)}
     assert not any("update" in r for r in rules)
     assert fragment.sets == ()

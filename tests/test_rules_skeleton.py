@@ -269,10 +269,11 @@ def test_ipv4_maps_and_sets_are_golden() -> None:
     assert [TABLE[V4].add_set(s) for s in in_json] == GOLDEN_SETS_V4
     # the endpoints maps: integer keys, which 1.0.6 declares only in nft text
     assert [TABLE[V4].declare_text(s) for s in fragment.sets if s.text_only] == [
-        f"add table ip nftproxy\nadd map ip nftproxy endpoints-{p}-a {{ typeof numgen random "
-        f"mod 1 . numgen random mod 1 . numgen random mod 1 : ip daddr . {p} dport; "
+        f"add table ip nftproxy\nadd map ip nftproxy endpoints-{p}-a-{k:02} {{ typeof numgen "
+        f"random mod 1 . numgen random mod 1 . numgen random mod 1 : ip daddr . {p} dport; "
         f'comment "{p} endpoints: chooser chain key . index -> endpoint"; }}'
         for p in ("tcp", "udp", "sctp")
+        for k in range(32)
     ] + [
         "add table ip nftproxy\nadd set ip nftproxy affinity { typeof ip saddr . numgen random "
         "mod 1 . numgen random mod 1; flags dynamic, timeout; size 1048576; "
@@ -306,7 +307,7 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
         FIB_DADDR_LOCAL, NOT_LOOPBACK_V6, goto("KUBE-NODEPORTS")]
     assert chain_rules(fragment, "KUBE-POSTROUTING")[0] == hairpin_rule("ip6", 16384)
     assert {s.name: s.type[0] for s in fragment.sets} == {
-        **{f"endpoints-{p}-a": "integer" for p in ("tcp", "udp", "sctp")},
+        **{f"endpoints-{p}-a-{k:02}": "integer" for p in ("tcp", "udp", "sctp") for k in range(32)},
         "affinity": "ipv6_addr",
         "service-ips": "ipv6_addr",
         "service-nodeports": "inet_proto",

@@ -2,7 +2,7 @@
 
 A KUBE-SVC-/KUBE-SVL- chain of a port without ClientIP affinity picks its
 endpoint with one rule, `dnat ip to numgen random mod 1 offset H1 . numgen
-random mod 1 offset H2 . numgen random mod N map @endpoints-tcp-a`: the key
+random mod 1 offset H2 . numgen random mod N map @endpoints-tcp-a-07`: the key
 is (H1, H2, i), i uniform over 0..N-1, and the element's data is the
 endpoint's address . port, its comment "ns/svc:port -> addr:port
 KUBE-SEP-<h>". Aspects, on hand-written listings in the shapes libnftables
@@ -43,7 +43,7 @@ API = ServicePortName("ns", "api", "http", L4Protocol.TCP)
 H1, H2 = 1139835961, 2047483647
 OTHER = (5, 6)
 """API's chain key: its elements share the map with WEB's."""
-MAP = "endpoints-tcp-a"
+MAP = "endpoints-tcp-a-07"
 SHAPES = ("1.0.6", "1.1.3", "as-written")
 HOST = Host.of(["192.168.1.1"])
 CHOOSER = f"{WEB} -> 3 endpoints"
@@ -63,7 +63,7 @@ def _numgen(mod: int, offset: int | None) -> dict[str, Any]:
 
 
 def _chooser(family: str, key: tuple[int, int], n: int, shape: str) -> dict[str, Any]:
-    """The map-form rule: `meta l4proto tcp dnat ip to ... map @endpoints-tcp-a`."""
+    """The map-form rule: `meta l4proto tcp dnat ip to ... map @endpoints-tcp-a-07`."""
     third = None if shape == "as-written" else 0
     parts = [_numgen(1, key[0]), _numgen(1, key[1]), _numgen(n, third)]
     return {"expr": [

@@ -127,7 +127,8 @@ def test_every_set_and_map_of_the_sample_is_declared_by_typeof_on_1_1() -> None:
     verdict_maps = [d for d in decls if "map" in d and not is_endpoints_map(d["name"])]
     assert verdict_maps and all(d["map"] == {"typeof": {"accept": None}} for d in verdict_maps)
     endpoints = [d for d in decls if is_endpoints_map(d["name"])]
-    assert len(endpoints) == 6 and all("typeof" in d["map"] for d in endpoints)  # 3 a family
+    # 3 protocols x 32 shards a family
+    assert len(endpoints) == 2 * 96 and all("typeof" in d["map"] for d in endpoints)
 
 
 # --- the planner in each dialect --------------------------------------------

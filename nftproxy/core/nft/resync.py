@@ -61,7 +61,7 @@ from nftproxy.core.nft.plan import (
 )
 from nftproxy.core.rules.fragment import Fragment, SetDecl
 from nftproxy.core.rules.names import is_affinity_set
-from nftproxy.core.rules.skeleton import is_endpoints_map
+from nftproxy.core.rules.skeleton import is_endpoints_map, is_unsharded_endpoints_map
 
 __all__ = ["ResyncPlan", "resyncable"]
 
@@ -70,8 +70,9 @@ def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
     """Whether a listed table can be resynced in steps: it has the skeleton's
     layout -- every skeleton chain and set listed, the sets with the same
     declaration, each listed base chain a skeleton chain with the same hook,
-    and no other listed set but ruleset v3's per-endpoint affinity sets (the
-    final step deletes them). Service ports declare no sets.
+    and no other listed set but the leftovers of older rulesets that only
+    service chains use (`_leftover`: the final step deletes them). Service
+    ports declare no sets.
 
     A table of another layout (a rollback or upgrade across ruleset versions:
     ruleset v1's `firewall-ips` vmap, or v2's `firewall-vips` missing) is
@@ -86,10 +87,7 @@ def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
                 return False
         elif not _same_declaration(t, decl, listed):
             return False
-    if any(
-        n not in skeleton_sets and not is_affinity_set(n) and not is_endpoints_map(n)
-        for n in listing.sets
-    ):
+    if any(n not in skeleton_sets and not _leftover(n) for n in listing.sets):
         return False
     hooks = {c.name: c.hook for c in skeleton.chains}
     if any(name not in listing.chains for name in hooks):
@@ -98,6 +96,14 @@ def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
         if (hooks[name] != hook) if name in hooks else (hook is not None):
             return False
     return True
+
+
+def _leftover(name: str) -> bool:
+    """A listed set the steps may leave to the final step's deletes: another
+    generation's endpoints map, or a set of an older ruleset that only
+    service chains use (v3's per-endpoint affinity sets, v3/v4's unsharded
+    endpoints maps)."""
+    return is_endpoints_map(name) or is_affinity_set(name) or is_unsharded_endpoints_map(name)
 
 
 def _added_in_steps(decl: SetDecl) -> bool:

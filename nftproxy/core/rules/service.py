@@ -8,9 +8,9 @@ small per-feature renderers, each a pure function of the decisions in
 Chains: KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
 KUBE-EXT (external destinations). A chooser picks its endpoint with one
 rule, `meta l4proto P dnat to numgen random mod 1 offset F1 . numgen random
-mod 1 offset F2 . numgen random mod N map @endpoints-P-<generation>`: the
-chain's fixed key (F1, F2) and an index, looked up in the protocol's shared
-endpoints map, whose elements (one per endpoint, named by kube-proxy's
+mod 1 offset F2 . numgen random mod N map @endpoints-P-<generation>-<shard>`:
+the chain's fixed key (F1, F2) and an index, looked up in the protocol's
+shared endpoints map (the shard F1 picks), whose elements (one per endpoint, named by kube-proxy's
 KUBE-SEP-<h> in their comment) the port owns. So a changed endpoint is
 elements only, and the table holds one rule per chooser whatever its
 endpoints (the kernel validates every rule of the table when a commit adds
@@ -221,7 +221,7 @@ def _map_pick(
     element's comment): changing endpoints is elements only while their
     count stays."""
     fixed = names.endpoints_key(chain)
-    map_name = sk.endpoints_map(p.port.protocol, ctx.generation)
+    map_name = sk.endpoints_map(p.port.protocol, ctx.generation, sk.endpoints_shard(fixed))
     n = len(endpoints)
     dnat = expr.dnat_map(ctx.family, fixed, n, map_name)
     rule = Rule((expr.l4proto(p.port.protocol), dnat), f"{p.port.name} -> {n} endpoints")

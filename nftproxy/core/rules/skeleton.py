@@ -30,6 +30,7 @@ __all__ = [
     "CLUSTER_IPS",
     "CLUSTER_IPS_CHECK",
     "ENDPOINTS",
+    "ENDPOINTS_SHARDS",
     "EXTERNAL_SERVICES",
     "FIREWALL_ALLOW",
     "FIREWALL_CHECK",
@@ -52,7 +53,9 @@ __all__ = [
     "addr_type",
     "endpoints_generation",
     "endpoints_map",
+    "endpoints_shard",
     "is_endpoints_map",
+    "is_unsharded_endpoints_map",
     "nodeport_ips",
     "render_skeleton",
 ]
@@ -97,13 +100,34 @@ def addr_type(family: IPFamily) -> str:
     return "ipv4_addr" if family is IPFamily.IPV4 else "ipv6_addr"
 
 
-def endpoints_map(protocol: L4Protocol, generation: str) -> str:
-    """endpoints-tcp-a: one map per protocol (libnftables 1.0.6's JSON
-    refuses a rule whose protocol differs from the map's `tcp dport`)."""
-    return f"{ENDPOINTS}-{protocol.nft}-{generation}"
+ENDPOINTS_SHARDS = 32
+"""Each protocol's endpoints map comes in this many shards, a chain's by its
+key (`endpoints_shard`): when a commit adds a rule that looks up a data map
+from a chain that does not look it up yet (a new chooser), the kernel walks
+every element of that map (nf_tables_bind_set), ~0.25 us each: 25 ms of
+adding one service at 10,000 x 10 with one map of 100,000 elements, under
+1 ms with a shard's ~3,000 (bench/RESULTS.md, fourth pass)."""
 
 
-_GENERATION_OF = {endpoints_map(p, g): g for p in L4Protocol for g in GENERATIONS}
+def endpoints_shard(fixed: tuple[int, int]) -> int:
+    """The shard of the endpoints map that holds a chooser's elements, by
+    its key (names.endpoints_key: uniform)."""
+    return fixed[0] % ENDPOINTS_SHARDS
+
+
+def endpoints_map(protocol: L4Protocol, generation: str, shard: int) -> str:
+    """endpoints-tcp-a-07: one map per protocol (libnftables 1.0.6's JSON
+    refuses a rule whose protocol differs from the map's `tcp dport`),
+    generation and shard."""
+    return f"{ENDPOINTS}-{protocol.nft}-{generation}-{shard:02}"
+
+
+_GENERATION_OF = {
+    endpoints_map(p, g, k): g
+    for p in L4Protocol
+    for g in GENERATIONS
+    for k in range(ENDPOINTS_SHARDS)
+}
 
 
 def endpoints_generation(name: str) -> str | None:
@@ -115,17 +139,28 @@ def is_endpoints_map(name: str) -> bool:
     return name in _GENERATION_OF
 
 
+_UNSHARDED = frozenset(f"{ENDPOINTS}-{p.nft}-{g}" for p in L4Protocol for g in GENERATIONS)
+
+
+def is_unsharded_endpoints_map(name: str) -> bool:
+    """Whether `name` is an endpoints map of rulesets v3 and v4 (one per
+    protocol and generation, endpoints-tcp-a): a listed leftover that the
+    resync deletes once no chain picks from it."""
+    return name in _UNSHARDED
+
+
 def _endpoints_maps(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
     """Chooser chain's key (its fixed halves, endpoint index) -> address . port."""
     key = (NUMGEN_KEY, NUMGEN_KEY, NUMGEN_KEY)
     return tuple(
         SetDecl.data_map(
-            endpoints_map(p, generation),
+            endpoints_map(p, generation, k),
             key,
             (addr_key(family, "daddr"), f"{p.nft} dport"),
             comment=f"{p.nft} endpoints: chooser chain key . index -> endpoint",
         )
         for p in L4Protocol
+        for k in range(ENDPOINTS_SHARDS)
     )
 
 
