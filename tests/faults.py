@@ -128,9 +128,31 @@ def tables(ns: str) -> dict[str, Any]:
     return dict(json.loads(in_generation(json.dumps(out), "a")))
 
 
+_HAIRPIN = ("hairpin-endpoints", "hairpin-endpoints-b", "hairpin-endpoints-c")
+
+
 def in_generation(listed: str, generation: str) -> str:
-    """A listing's JSON text with its endpoints maps renamed to `generation`'s."""
-    return re.sub(r"(endpoints-(?:tcp|udp|sctp)-)[a-z]\b", rf"\g<1>{generation}", listed)
+    """A listing's JSON text (of `kernel.canonical` tables) with its
+    endpoints maps renamed to `generation`'s, and its hairpin elements in
+    that generation's hairpin set (the others empty)."""
+    renamed = re.sub(r"(endpoints-(?:tcp|udp|sctp)-)[a-z]\b", rf"\g<1>{generation}", listed)
+    return json.dumps(_hairpin_in(json.loads(renamed), generation), sort_keys=True)
+
+
+def _hairpin_in(value: Any, generation: str) -> Any:
+    """Every canonical table in `value` with its hairpin elements moved."""
+    if isinstance(value, list):
+        return [_hairpin_in(v, generation) for v in value]
+    if not isinstance(value, dict):
+        return value
+    sets = value.get("sets")
+    if not isinstance(sets, dict) or not all(name in sets for name in _HAIRPIN):
+        return {k: _hairpin_in(v, generation) for k, v in value.items()}
+    moved = sorted(e for name in _HAIRPIN for e in sets[name][-1])
+    target = _HAIRPIN[("a", "b", "c").index(generation)]
+    new_sets = {n: [*d[:-1], moved if n == target else []] if n in _HAIRPIN else d
+                for n, d in sets.items()}
+    return {**value, "sets": new_sets}
 
 
 Counts = tuple[int, int, int, int]

@@ -480,6 +480,7 @@ def test_full_resync_never_flushes_or_redeclares_the_affinity_set() -> None:
     # every other set that exists is flushed and refilled
     assert set(commands_of(commands, "flush", "set")) == {
         "cluster-ips", "nodeport-ips", "service-cidrs", "hairpin-endpoints",
+        "hairpin-endpoints-b", "hairpin-endpoints-c",
         "firewall-vips", "firewall-allow"}
 
 

@@ -175,9 +175,15 @@ def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> 
     # before the final step, elements only of the new endpoints maps, with their choosers
     stepped = {body["element"]["name"] for step in commits.sent[:-1] for c in step
                for body in c.values() if "element" in body}
-    assert stepped and all(n.startswith("endpoints-tcp-b-") for n in stepped)
-    assert not any("element" in body and body["element"]["name"].startswith("endpoints-")
-                   for c in final for body in c.values())
+    # ... and of the new hairpin set
+    assert "hairpin-endpoints-b" in stepped
+    assert all(n.startswith("endpoints-tcp-b-") for n in stepped - {"hairpin-endpoints-b"})
+    assert not any("element" in body and body["element"]["name"].startswith(
+        ("endpoints-", "hairpin-")) for c in final for body in c.values())
+    # the old generation's hairpin set is emptied in one command
+    flushed = {body["set"]["name"] for c in final for verb, body in c.items()
+               if verb == "flush" and "set" in body}
+    assert {"hairpin-endpoints", "hairpin-endpoints-c"} <= flushed
     single.close()
 
 

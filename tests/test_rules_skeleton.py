@@ -97,12 +97,20 @@ def mark_or(bit: int) -> dict[str, Any]:
     return {"mangle": {"key": MARK, "value": {"|": [MARK, bit]}}}
 
 
-def hairpin_rule(ip: str, bit: int) -> tuple[list[Any], str]:
+HAIRPIN_SETS = ("hairpin-endpoints", "hairpin-endpoints-b", "hairpin-endpoints-c")
+"""One per generation (the resync fills a new one in steps); a is v2-v5's name."""
+
+
+def hairpin_rule(ip: str, bit: int, name: str = "hairpin-endpoints") -> tuple[list[Any], str]:
     """After DNAT, source == destination == an endpoint: mark for masquerade."""
     dnated = {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}}
     pair = {"match": {"op": "==", "left": {"concat": [saddr(ip), daddr(ip)]},
-                      "right": "@hairpin-endpoints"}}
+                      "right": "@" + name}}
     return [dnated, pair, mark_or(bit)], "hairpin: the client is the endpoint it was sent to"
+
+
+def hairpin_rules(ip: str, bit: int) -> list[tuple[list[Any], str]]:
+    return [hairpin_rule(ip, bit, name) for name in HAIRPIN_SETS]
 
 
 # --- the golden IPv4 skeleton (default config) --------------------------------
@@ -181,7 +189,7 @@ GOLDEN_V4: dict[str, Rules] = {
     ],
     "KUBE-MARK-MASQ": [([mark_or(16384)], None)],
     "KUBE-POSTROUTING": [
-        hairpin_rule("ip", 16384),
+        *hairpin_rules("ip", 16384),
         ([mark_and(16384, 0), {"return": None}], None),
         ([{"mangle": {"key": MARK, "value": {"^": [MARK, 16384]}}}], None),
         ([{"masquerade": {"flags": ["fully-random"]}}], None),
@@ -215,8 +223,8 @@ GOLDEN_SETS_V4 = [
     _set("set", "firewall-vips", THREE, "LoadBalancer IPs with loadBalancerSourceRanges"),
     _set("set", "firewall-allow", [*THREE, "ipv4_addr"], "LoadBalancer IP . allowed source range",
          flags=["interval"]),
-    _set("set", "hairpin-endpoints", ["ipv4_addr", "ipv4_addr"],
-         "endpoint . endpoint: hairpin connections"),
+    *(_set("set", name, ["ipv4_addr", "ipv4_addr"], "endpoint . endpoint: hairpin connections")
+      for name in HAIRPIN_SETS),
     _set("set", "cluster-ips", "ipv4_addr", "Active ClusterIPs"),
     _set("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic"),
     _set("set", "service-cidrs", "ipv4_addr", "service CIDRs (ServiceCIDR objects)",
@@ -305,7 +313,7 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
     assert rules(fragment) == v6(GOLDEN_V4)
     assert chain_rules(fragment, "KUBE-SERVICES")[1][0] == [
         FIB_DADDR_LOCAL, NOT_LOOPBACK_V6, goto("KUBE-NODEPORTS")]
-    assert chain_rules(fragment, "KUBE-POSTROUTING")[0] == hairpin_rule("ip6", 16384)
+    assert chain_rules(fragment, "KUBE-POSTROUTING")[:3] == hairpin_rules("ip6", 16384)
     assert {s.name: s.type[0] for s in fragment.sets} == {
         **{f"endpoints-{p}-a-{k:02}": "integer" for p in ("tcp", "udp", "sctp") for k in range(32)},
         "affinity": "ipv6_addr",
@@ -315,7 +323,7 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
         "no-endpoint-nodeports": "inet_proto",
         "firewall-vips": "ipv6_addr",
         "firewall-allow": "ipv6_addr",
-        "hairpin-endpoints": "ipv6_addr",
+        **dict.fromkeys(HAIRPIN_SETS, "ipv6_addr"),
         "cluster-ips": "ipv6_addr",
         "nodeport-ips": "ipv6_addr",
         "service-cidrs": "ipv6_addr",
@@ -555,8 +563,8 @@ def test_masquerade_bit_sets_the_mark_everywhere(bit: int, mark: int) -> None:
     fragment = render_skeleton(V4, replace(DEFAULT, masquerade_bit=bit), NODE)
     assert _mark_values(fragment) == {mark}
     assert chain_rules(fragment, "KUBE-MARK-MASQ") == [([mark_or(mark)], None)]
-    assert chain_rules(fragment, "KUBE-POSTROUTING")[:2] == [
-        hairpin_rule("ip", mark), ([mark_and(mark, 0), {"return": None}], None)]
+    assert chain_rules(fragment, "KUBE-POSTROUTING")[:4] == [
+        *hairpin_rules("ip", mark), ([mark_and(mark, 0), {"return": None}], None)]
 
 
 def test_tcp_be_liberal_removes_the_conntrack_invalid_drop() -> None:
@@ -575,7 +583,7 @@ RENDERER_TESTS = {
     "_nodeport_address_match": "test_cidr_lists_select_node_ips",
     "_dispatch_chains": "test_ipv4_skeleton_rules_are_golden",
     "_source_range_rule": "test_every_set_lookup_matches_the_key_its_set_is_declared_by",
-    "_hairpin_rule": "test_masquerade_bit_sets_the_mark_everywhere",
+    "_hairpin_rules": "test_masquerade_bit_sets_the_mark_everywhere",
     "_helper_chains": "test_tcp_be_liberal_removes_the_conntrack_invalid_drop",
     "_maps_and_sets": "test_ipv4_maps_and_sets_are_golden",
 }

@@ -9,15 +9,20 @@ transactions:
   0  the skeleton: `add table`; its chains written (flushed first if
      listed); its sets and maps that are not listed added EMPTY -- among
      them the endpoints maps of the generation the table does not use
-     (rules/skeleton.py GENERATIONS), and the shared affinity set where a
-     table of ruleset v3 lacks it
+     (rules/skeleton.py GENERATIONS), the hairpin sets a table of ruleset
+     v5 lacks, and the shared affinity set where a table of ruleset v3
+     lacks it
   1..k  per chunk of service ports: each owner's chains written (flushed
-     first if listed), and its elements of the new endpoints maps, which
-     its rewritten choosers pick from. No other shared-set element yet.
+     first if listed), and its elements of the new generation's endpoints
+     maps, which its rewritten choosers pick from, and of its hairpin set
+     (KUBE-POSTROUTING looks up every generation's). No other shared-set
+     element yet.
   final  every other desired non-dynamic set and map flushed (if listed) and
      filled with its static and effective (winner) elements, in ONE
-     transaction, so the dispatch, hairpin, firewall and no-endpoint maps
-     switch at once; listed chains not desired flushed, then deleted after
+     transaction, so the dispatch, firewall and no-endpoint maps switch at
+     once, and the other generations' hairpin sets are emptied (one flush
+     each: the final step carries no hairpin element, most of a cluster's
+     elements); listed chains not desired flushed, then deleted after
      the element flush (vmap elements may point at them) -- or, with
      `defer_deletes` (EBUSY, kernels < 6.2), left flushed for `stage_gc`;
      listed sets not desired deleted after the chains using them are flushed.
@@ -27,8 +32,8 @@ transactions:
 
 Between steps every service port is either wholly old (old chains, old
 elements) or runs its new chains behind the old elements of the shared maps,
-until the final step switches them all: a changed port's new endpoints get
-traffic before their hairpin elements exist, and where its chain names
+until the final step switches them all (its new endpoints' hairpin elements
+come with its chunk), and where its chain names
 change, its old elements still point at its old chains (left as they were,
 and they may jump into its rewritten ones). A new service becomes
 reachable, and a deleted one unreachable, at the final step. Only the final step records
@@ -61,7 +66,11 @@ from nftproxy.core.nft.plan import (
 )
 from nftproxy.core.rules.fragment import Fragment, SetDecl
 from nftproxy.core.rules.names import is_affinity_set
-from nftproxy.core.rules.skeleton import is_endpoints_map, is_unsharded_endpoints_map
+from nftproxy.core.rules.skeleton import (
+    generation_of,
+    is_endpoints_map,
+    is_unsharded_endpoints_map,
+)
 
 __all__ = ["ResyncPlan", "resyncable"]
 
@@ -107,11 +116,17 @@ def _leftover(name: str) -> bool:
 
 
 def _added_in_steps(decl: SetDecl) -> bool:
-    """Whether a skeleton set the listing lacks can simply be added: no
-    skeleton rule uses it (the endpoints maps, a generation's; the shared
-    affinity set, new in ruleset v4 -- v3 had a set per endpoint -- whose
-    users are the chooser chains the steps rewrite)."""
-    return is_endpoints_map(decl.name) or decl.dynamic
+    """Whether a skeleton set the listing lacks can simply be added, empty:
+    a set of another generation (an endpoints map: only the choosers the
+    steps rewrite use it; a hairpin set: KUBE-POSTROUTING looks up every
+    generation's, and a table of ruleset v5 has only generation a's), or
+    the shared affinity set (new in ruleset v4; v3 had a set per endpoint),
+    whose users are the chooser chains the steps rewrite."""
+    return generation_of(decl.name) is not None or decl.dynamic
+
+
+def _filled_in_steps(name: str) -> bool:
+    return generation_of(name) is not None
 
 
 class ResyncPlan:
@@ -137,9 +152,12 @@ class ResyncPlan:
 
     def step(self, desired: Mapping[Owner, Fragment], *, first: bool = False) -> Staged:
         """Write the chains of `desired`'s owners, add their unlisted sets
-        (empty) and their endpoints-map elements; `first` adds the table too."""
+        (empty) and their elements of the new generation's endpoints maps
+        and hairpin set (each key once; re-adding a hairpin element another
+        step added is a no-op); `first` adds the table too."""
         t, listed = self._state.table, self._listing
         b = _Batch(head=[t.add_table()] if first else [])
+        added: set[tuple[str, object]] = set()
         for owner, fragment in desired.items():
             self._fresh.adopt(owner, fragment)
             for decl in fragment.sets:
@@ -148,7 +166,8 @@ class ResyncPlan:
             for chain in fragment.chains:
                 _write_chain(b, t, chain, exists=chain.name in listed.chains)
             for e in fragment.elements:
-                if is_endpoints_map(e.set_name):
+                if _filled_in_steps(e.set_name) and (e.set_name, e.key) not in added:
+                    added.add((e.set_name, e.key))
                     b.add_elems.setdefault(e.set_name, []).append(e)
         return Staged(b.commands(t), lambda: None, {"owners": len(desired)}, b.declare)
 
@@ -168,11 +187,11 @@ class ResyncPlan:
                     b, t, name, ks.map is not None, defer=self._defer, stale=fresh.stale_sets
                 )
         for decl in fresh.sets.values():
-            if decl.dynamic or is_endpoints_map(decl.name):
+            if decl.dynamic or generation_of(decl.name) == fresh.generation:
                 continue
             if decl.name in listed.sets:
                 b.flush.append(t.flush_set(decl))
             b.add_sets += t.add_set_elements(decl.name, decl.elements)
-        _add_winners(b, fresh, skip=is_endpoints_map)
+        _add_winners(b, fresh, skip=_filled_in_steps)
         counts = {"owners": len(fresh.fragments), "elements": len(fresh.index)}
         return Staged(b.commands(t), lambda: self._state.take(fresh), counts)

@@ -323,11 +323,13 @@ def _net(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(cidr, strict=False)
 
 
-def _hairpin_elements(p: PortPlan) -> list[Element]:
-    """endpoint . endpoint for each reachable endpoint: KUBE-POSTROUTING
-    masquerades a DNATed packet whose source is the endpoint it was sent to."""
+def _hairpin_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
+    """endpoint . endpoint for each reachable endpoint, in the generation's
+    hairpin set: KUBE-POSTROUTING masquerades a DNATed packet whose source
+    is the endpoint it was sent to."""
     ips = sorted({ep.ip for ep in p.cats.reachable})
-    return [Element(sk.HAIRPIN_ENDPOINTS, (ip, ip)) for ip in ips]
+    name = sk.hairpin_set(ctx.generation)
+    return [Element(name, (ip, ip)) for ip in ips]
 
 
 def render_service_port(
@@ -343,7 +345,7 @@ def render_service_port(
         *_external_elements(p),
         *_nodeport_elements(p),
         *_firewall_elements(p, ctx),
-        *_hairpin_elements(p),
+        *_hairpin_elements(p, ctx),
     )
     fragment = Fragment(ctx.family, chains, (), elements)
     dropped_int = p.cats.has_any and not p.has_internal

@@ -11,7 +11,7 @@ Packet path of a new connection (docs/upstream-nftables-notes.md §1.6):
   filter input/forward/output 0  KUBE-EXTERNAL-SERVICES: no-endpoint reject/drop (post-DNAT)
                                  KUBE-CLUSTER-IPS-CHECK: unknown ports / unallocated IPs
   filter forward 0               KUBE-FORWARD
-  nat postrouting 100            KUBE-POSTROUTING: mark hairpin (hairpin-endpoints),
+  nat postrouting 100            KUBE-POSTROUTING: mark hairpin (hairpin-endpoints[-b|-c]),
                                  masquerade marked packets
 """
 
@@ -54,7 +54,10 @@ __all__ = [
     "endpoints_generation",
     "endpoints_map",
     "endpoints_shard",
+    "generation_of",
+    "hairpin_set",
     "is_endpoints_map",
+    "is_hairpin_set",
     "is_unsharded_endpoints_map",
     "nodeport_ips",
     "render_skeleton",
@@ -137,6 +140,31 @@ def endpoints_generation(name: str) -> str | None:
 
 def is_endpoints_map(name: str) -> bool:
     return name in _GENERATION_OF
+
+
+def hairpin_set(generation: str) -> str:
+    """The hairpin set a generation's elements go to: hairpin-endpoints
+    (generation a, the name of rulesets v2-v5), hairpin-endpoints-b, -c.
+    KUBE-POSTROUTING looks up all three, so a resync in steps fills a new
+    one while the old one still serves, and its final step flushes the old
+    one: no step carries every endpoint's element (core/nft/resync.py)."""
+    if generation == GENERATIONS[0]:
+        return HAIRPIN_ENDPOINTS
+    return f"{HAIRPIN_ENDPOINTS}-{generation}"
+
+
+_FILLED_IN_STEPS = {**_GENERATION_OF, **{hairpin_set(g): g for g in GENERATIONS}}
+
+
+def generation_of(name: str) -> str | None:
+    """The generation of a set that comes in generations (an endpoints map,
+    a hairpin set), None for any other: the sets a resync in steps fills
+    chunk by chunk."""
+    return _FILLED_IN_STEPS.get(name)
+
+
+def is_hairpin_set(name: str) -> bool:
+    return generation_of(name) is not None and not is_endpoints_map(name)
 
 
 _UNSHARDED = frozenset(f"{ENDPOINTS}-{p.nft}-{g}" for p in L4Protocol for g in GENERATIONS)
@@ -303,16 +331,20 @@ def _source_range_rule(family: IPFamily) -> Rule:
     )
 
 
-def _hairpin_rule(family: IPFamily, bit: int) -> Rule:
+def _hairpin_rules(family: IPFamily, bit: int) -> tuple[Rule, ...]:
     """After DNAT the destination is the chosen endpoint: source == destination
     (an endpoint . endpoint element) is exactly "the client is the endpoint
-    it was sent to", which kube-proxy masquerades."""
+    it was sent to", which kube-proxy masquerades. One rule per generation's
+    set (`hairpin_set`)."""
     pair = {"concat": [expr.payload(family, "saddr"), expr.payload(family, "daddr")]}
-    return _rule(
-        expr.match({"ct": {"key": "status"}}, "dnat", "in"),
-        expr.match(pair, "@" + HAIRPIN_ENDPOINTS),
-        expr.mark_set(bit),
-        comment="hairpin: the client is the endpoint it was sent to",
+    return tuple(
+        _rule(
+            expr.match({"ct": {"key": "status"}}, "dnat", "in"),
+            expr.match(pair, "@" + hairpin_set(g)),
+            expr.mark_set(bit),
+            comment="hairpin: the client is the endpoint it was sent to",
+        )
+        for g in GENERATIONS
     )
 
 
@@ -343,7 +375,7 @@ def _helper_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
         Chain(
             POSTROUTING,
             (
-                _hairpin_rule(family, bit),
+                *_hairpin_rules(family, bit),
                 _rule(expr.mark_is_clear(bit), expr.ret()),
                 _rule(expr.mark_clear(bit)),
                 _rule(expr.masquerade()),
@@ -407,10 +439,13 @@ def _maps_and_sets(
             flags=("interval",),
             comment="LoadBalancer IP . allowed source range",
         ),
-        SetDecl.keyed(
-            HAIRPIN_ENDPOINTS,
-            (addr_key(family, "saddr"), addr_key(family, "daddr")),
-            comment="endpoint . endpoint: hairpin connections",
+        *(
+            SetDecl.keyed(
+                hairpin_set(g),
+                (addr_key(family, "saddr"), addr_key(family, "daddr")),
+                comment="endpoint . endpoint: hairpin connections",
+            )
+            for g in GENERATIONS
         ),
         SetDecl.keyed(CLUSTER_IPS, addr, comment="Active ClusterIPs"),
         SetDecl.keyed(

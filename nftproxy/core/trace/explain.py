@@ -5,7 +5,7 @@ turn one ended `Flow` into a `Path`. The walk itself knows nothing of
 Kubernetes; here the rules that acted are recognised by their chains and
 the sets they look up:
 - masquerade: the rule that set the mark -- the hairpin rule of
-  KUBE-POSTROUTING (its `hairpin-endpoints` lookup: the client is the
+  KUBE-POSTROUTING (its `hairpin-endpoints[-b|-c]` lookups: the client is the
   endpoint), or the rule that jumped to the marking chain: a KUBE-SVC/SVL
   cluster-IP rule with a source condition (off-cluster source) or without
   one (masqueradeAll), a KUBE-EXT rule (externalTrafficPolicy=Cluster, or
@@ -117,6 +117,12 @@ def _looks_up(rule: Rule, set_name: str) -> bool:
     return any(isinstance(m.right, sx.SetRef) and m.right.name == set_name for m in _matches(rule))
 
 
+def _looks_up_hairpin(rule: Rule) -> bool:
+    return any(
+        isinstance(m.right, sx.SetRef) and sk.is_hairpin_set(m.right.name) for m in _matches(rule)
+    )
+
+
 # --- masquerade --------------------------------------------------------------------------
 
 
@@ -126,7 +132,7 @@ def _masquerade_reasons(flow: Flow, rs: Ruleset) -> tuple[str, ...]:
 
 
 def _mark_reason(caller: Rule | None, marking: Rule | None, at: Where) -> str:
-    if marking is not None and _looks_up(marking, sk.HAIRPIN_ENDPOINTS):
+    if marking is not None and _looks_up_hairpin(marking):
         return "hairpin: the endpoint itself is the source"
     if caller is None:
         return f"marked for masquerade by {at.chain}/rule {at.rule}"
