@@ -286,18 +286,27 @@ def bench_config(**kw: Any) -> Any:
 
 
 class FedProxier:
-    """A Proxier with the agent's Intake in front, as the agent wires it: raw
+    """A Proxier with the agent's Intake in front and its heap policy, as the agent wires it: raw
     objects in (on_service(prev, cur), ...), everything else the Proxier's.
     `set_change_callback` sets what the Proxier's on_change calls (a runner's
     kick)."""
 
     def __init__(self, config: Any, backend: Any, hooks: Sequence[Callable[..., None]]) -> None:
+        from nftproxy.agent.heap import FullSyncHeapPolicy
         from nftproxy.agent.intake import Intake
         from nftproxy.agent.proxier import Proxier
+        from nftproxy.kernel.libnftables import malloc_trim
 
         self._changed: Callable[[], None] = lambda: None
+        # the agent's heap policy (agent.py): GC paused while a full sync is
+        # built, collect + freeze + malloc_trim after it; without it a
+        # long-lived bench pays full-heap GC passes the agent does not
         self.proxier = Proxier(
-            config, backend, hooks=list(hooks), on_change=lambda: self._changed()
+            config,
+            backend,
+            hooks=list(hooks),
+            on_change=lambda: self._changed(),
+            heap=FullSyncHeapPolicy(malloc_trim),
         )
         self.events = Intake(self.proxier, node_name=config.node_name, report=lambda _: None)
 
