@@ -182,10 +182,11 @@ def _masquerade_rule(p: PortPlan, ctx: RenderContext) -> list[Rule]:
     return [Rule((*dst, *source, expr.jump(sk.MARK_MASQ)), f"{port.name} cluster IP")]
 
 
-def _endpoint_tail(p: PortPlan, ep: Endpoint, ctx: RenderContext) -> tuple[Json, ...]:
-    """What sending to `ep` with affinity does: remember (or refresh) the
-    client's entry for it, then DNAT."""
-    fixed = names.affinity_key(p.port.name, ep)
+def _endpoint_tail(
+    p: PortPlan, ep: Endpoint, fixed: tuple[int, int], ctx: RenderContext
+) -> tuple[Json, ...]:
+    """What sending to `ep` (affinity key `fixed`) with affinity does:
+    remember (or refresh) the client's entry for it, then DNAT."""
     refresh = expr.affinity_update(ctx.family, fixed, sk.AFFINITY, p.port.affinity_timeout)
     return (refresh, expr.l4proto(p.port.protocol), expr.dnat(ep.ip, ep.port))
 
@@ -200,16 +201,16 @@ def _affinity_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderCon
     each rule DNATing to its endpoint (named by its KUBE-SEP identity in the
     comment) and refreshing the client's entry for it in the shared
     affinity set."""
+    keys = [names.affinity_key(p.port.name, ep) for ep in endpoints]
+    tails = [_endpoint_tail(p, ep, fixed, ctx) for ep, fixed in zip(endpoints, keys, strict=True)]
     rules: list[Rule] = []
-    for ep in endpoints:
-        fixed = names.affinity_key(p.port.name, ep)
+    for ep, fixed, tail in zip(endpoints, keys, tails, strict=True):
         lookup = expr.affinity_lookup(ctx.family, fixed, sk.AFFINITY)
-        tail = _endpoint_tail(p, ep, ctx)
         rules.append(Rule((lookup, *tail), _endpoint_comment(p, ep, " affinity")))
     n = len(endpoints)
-    for i, ep in enumerate(endpoints):
+    for i, (ep, tail) in enumerate(zip(endpoints, tails, strict=True)):
         pick = () if i == n - 1 else (expr.numgen_zero(n - i),)
-        rules.append(Rule((*pick, *_endpoint_tail(p, ep, ctx)), _endpoint_comment(p, ep)))
+        rules.append(Rule((*pick, *tail), _endpoint_comment(p, ep)))
     return rules
 
 

@@ -90,10 +90,11 @@ AFFINITY_SIZE = 1 << 20
 default for a dynamic set is 65,535, which kube-proxy's one set per endpoint
 gave each endpoint; the kernel allocates per element, not by this size)."""
 GENERATIONS = ("a", "b", "c")
-"""The endpoints maps come in generations: a full sync over an existing
-table (core/nft/resync.py) fills one the table does not hold, chunk by
-chunk, so a chain and the elements it picks from are always written in the
-same transaction. Three, so that one is free after a resync cut short."""
+"""The endpoints maps and the hairpin sets come in generations: a full sync
+over an existing table (core/nft/resync.py) fills one the table does not
+hold, chunk by chunk, so a chain and the elements it picks from are always
+written in the same transaction, and no transaction carries every hairpin
+element. Three, so that one is free after a resync cut short."""
 
 _PROTO_PORT = ("meta l4proto", "th dport")
 _LOOPBACK = {IPFamily.IPV4: "127.0.0.0/8", IPFamily.IPV6: "::1/128"}
