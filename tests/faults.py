@@ -30,6 +30,7 @@ from nftproxy.agent.agent import Agent
 from nftproxy.cluster.events import ClusterEvents
 from nftproxy.cluster.file import FileSource, WatchedFiles
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.rules import skeleton
 from nftproxy.kernel import netns
 from nftproxy.kernel.conntrack import Conntrack
 from nftproxy.kernel.libnftables import NftBackend
@@ -128,7 +129,7 @@ def tables(ns: str) -> dict[str, Any]:
     return dict(json.loads(in_generation(json.dumps(out), "a")))
 
 
-_HAIRPIN = ("hairpin-endpoints", "hairpin-endpoints-b", "hairpin-endpoints-c")
+_HAIRPIN = tuple(skeleton.hairpin_set(g) for g in skeleton.GENERATIONS)
 
 
 def in_generation(listed: str, generation: str) -> str:
@@ -149,7 +150,7 @@ def _hairpin_in(value: Any, generation: str) -> Any:
     if not isinstance(sets, dict) or not all(name in sets for name in _HAIRPIN):
         return {k: _hairpin_in(v, generation) for k, v in value.items()}
     moved = sorted(e for name in _HAIRPIN for e in sets[name][-1])
-    target = _HAIRPIN[("a", "b", "c").index(generation)]
+    target = skeleton.hairpin_set(generation)
     new_sets = {n: [*d[:-1], moved if n == target else []] if n in _HAIRPIN else d
                 for n, d in sets.items()}
     return {**value, "sets": new_sets}

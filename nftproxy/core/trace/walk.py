@@ -143,12 +143,15 @@ class _Rule:
             self.rule.chain, self.rule.index, f"@{name}: {key}", o.element.comment
         )
 
+    def _timeout(self, set_name: str, own: int | None) -> int | None:
+        """An affinity entry's timeout: its own (ruleset v4's per-element
+        timeout), else its set's (v3)."""
+        return own if own is not None else self.rs.set_info(set_name).timeout
+
     def _pinned(self, name: str, element: Element, flow: Flow) -> Flow:
         """An element of an expiring set matched: the client is pinned (its
         timeout the element's own, else the set's)."""
-        timeout = element.timeout
-        if timeout is None:
-            timeout = self.rs.set_info(name).timeout
+        timeout = self._timeout(name, element.timeout)
         if timeout is None and element.expires is None:
             return flow
         note = Affinity(name, pinned=True, timeout=timeout, expires=element.expires)
@@ -233,9 +236,7 @@ class _Rule:
         self, k: int, statement: sx.Statement, flow: Flow, share: Fraction
     ) -> list[Outcome]:
         if isinstance(statement, sx.SetUpdate):
-            timeout = statement.timeout
-            if timeout is None:
-                timeout = self.rs.set_info(statement.set).timeout
+            timeout = self._timeout(statement.set, statement.timeout)
             if not any(a.set == statement.set for a in flow.affinity):
                 note = Affinity(statement.set, pinned=False, timeout=timeout)
                 flow = flow.with_(affinity=(*flow.affinity, note))
