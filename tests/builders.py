@@ -37,6 +37,7 @@ from nftproxy.core.model import (
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.detect import local_detector
+from nftproxy.core.rules.dispatch import generation_chains
 from nftproxy.core.rules.fragment import Chain, Element, Fragment, Key, Rule, Target, Verdict
 from nftproxy.core.rules.service import RenderContext, RenderedPort, render_service_port
 from nftproxy.core.rules.skeleton import is_endpoints_map
@@ -77,6 +78,7 @@ __all__ = [
     "rules_of",
     "sep",
     "service_port",
+    "shared_dnat",
     "spn",
     "text",
     "to",
@@ -228,9 +230,11 @@ def sep(ip: str, port: ServicePort = SVC1, number: int = 80) -> str:
 
 
 def labels(port: ServicePort) -> dict[str, str]:
-    """Chain name -> short label: SVC, SVL, EXT (no KUBE-SEP/KUBE-FW chains in v2)."""
+    """Chain name -> short label: SVC, SVL, EXT (no KUBE-SEP/KUBE-FW chains in v2);
+    the skeleton's shared choosers (v7) by their own name: dispatch-tcp-a-1."""
     spn = port.name
     return {
+        **{chain: chain for chain in generation_chains(sk.GENERATIONS)},
         names.service_chain(spn): "SVC",
         names.local_chain(spn): "SVL",
         names.external_chain(spn): "EXT",
@@ -259,6 +263,13 @@ def picks(*ips: str, port: int = 80, protocol: str = "tcp") -> str:
     chances, one of these endpoints from its endpoints map."""
     targets = ", ".join(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips)
     return f"meta l4proto {protocol} dnat to one of {targets}"
+
+
+def shared_dnat(n: int, protocol: str = "tcp", generation: str = "a", ip: str = "ip") -> str:
+    """A shared chooser's DNAT rule (skeleton's dispatch-<protocol>-<generation>-<n>,
+    v7) in nft syntax: key (cluster IP, port, i), i uniform over 0..n-1."""
+    return (f"meta l4proto {protocol} dnat {ip} to {ip} daddr . {protocol} dport . "
+            f"numgen random mod {n} map @clusterip-endpoints-{protocol}-{generation}")
 
 
 def picked(fragment: Fragment, rule: Rule) -> list[Element]:

@@ -134,9 +134,11 @@ _HAIRPIN = tuple(skeleton.hairpin_set(g) for g in skeleton.GENERATIONS)
 
 def in_generation(listed: str, generation: str) -> str:
     """A listing's JSON text (of `kernel.canonical` tables) with its
-    endpoints maps renamed to `generation`'s, and its hairpin elements in
+    endpoints maps and shared choosers (rules/dispatch.py) renamed to
+    `generation`'s, and its hairpin elements in
     that generation's hairpin set (the others empty)."""
-    renamed = re.sub(r"(endpoints-(?:tcp|udp|sctp)-)[a-z]\b", rf"\g<1>{generation}", listed)
+    pattern = r"((?:endpoints|dispatch)-(?:tcp|udp|sctp)-)[a-z]\b"
+    renamed = re.sub(pattern, rf"\g<1>{generation}", listed)
     return json.dumps(_hairpin_in(json.loads(renamed), generation), sort_keys=True)
 
 
@@ -256,48 +258,67 @@ def _elem_key(key: Any) -> Any:
     return tuple(val["concat"]) if isinstance(val, dict) and "concat" in val else val
 
 
-def _map_targets(addr: Mapping[str, Any], sets: Mapping[str, list[Any]]) -> list[str]:
+def _key_part(part: Mapping[str, Any], dest: tuple[str, int] | None) -> Any:
+    """A fixed part of an endpoints-map key: `numgen random mod 1 offset F`
+    is F; `ip daddr` / `tcp dport` are the service's destination `dest`."""
+    if "numgen" in part:
+        return part["numgen"].get("offset", 0)
+    if dest is None:
+        raise ValueError(f"a key part that needs the destination: {part}")
+    return dest[0] if part["payload"]["field"] == "daddr" else dest[1]
+
+
+def _map_targets(
+    addr: Mapping[str, Any], sets: Mapping[str, list[Any]], dest: tuple[str, int] | None
+) -> list[str]:
     """The addresses a `dnat to <fixed> . numgen random mod N map @m` picks
-    from: elements (F1, F2, 0..N-1) of m, those present."""
+    from (<fixed>: constants, or the destination address . port of a shared
+    chooser): elements (<fixed>, 0..N-1) of m, those present."""
     parts = addr["map"]["key"]["concat"]
-    fixed = tuple(p["numgen"].get("offset", 0) for p in parts[:-1])
+    fixed = tuple(_key_part(p, dest) for p in parts[:-1])
     count = parts[-1]["numgen"]["mod"]
     values = {_elem_key(k): v for k, v in sets.get(addr["map"]["data"].lstrip("@"), [])}
     picked = (values.get((*fixed, i)) for i in range(count))
     return [v["concat"][0] for v in picked if v is not None]
 
 
-def chain_dnat_targets(doc: Mapping[str, Any]) -> dict[str, list[str]]:
-    """Per chain of a listed table (libnftables JSON), the addresses its dnat
-    rules send to: inline ones, and an endpoints map's elements it picks."""
+def _objects(doc: Mapping[str, Any]) -> tuple[list[Any], dict[str, list[Any]]]:
     objs = [next(iter(o.items())) for o in doc.get("nftables", ())]
     sets = {o["name"]: o.get("elem", []) for k, o in objs if k in ("set", "map")}
-    out: dict[str, list[str]] = {}
+    return objs, sets
+
+
+def _dnat_addrs(objs: list[Any]) -> dict[str, list[Any]]:
+    """Per chain, the `addr` of each of its dnat statements."""
+    out: dict[str, list[Any]] = {}
     for kind, o in objs:
-        if kind != "rule":
-            continue
-        for e in o["expr"]:
-            if "dnat" not in e:
-                continue
-            addr = e["dnat"]["addr"]
-            targets = _map_targets(addr, sets) if isinstance(addr, dict) else [addr]
-            out.setdefault(o["chain"], []).extend(targets)
+        if kind == "rule":
+            out.setdefault(o["chain"], []).extend(
+                e["dnat"]["addr"] for e in o["expr"] if "dnat" in e
+            )
     return out
+
+
+def _targets(addrs: list[Any], sets: Mapping[str, list[Any]], dest: Any) -> list[str]:
+    return [
+        t
+        for addr in addrs
+        for t in (_map_targets(addr, sets, dest) if isinstance(addr, dict) else [addr])
+    ]
 
 
 def service_shapes(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """Per cluster IP in `service-ips` of a listed table (libnftables JSON):
-    (the dnat rules of the chain it goes to, how many of their endpoints have
+    (the endpoints the chain it goes to DNATs it to, how many of them have
     their hairpin element) -- a whole service of n endpoints is (n, n)."""
-    objs = [next(iter(o.items())) for o in doc.get("nftables", ())]
-    sets = {o["name"]: o.get("elem", []) for k, o in objs if k in ("set", "map")}
-    dnats = chain_dnat_targets(doc)
+    objs, sets = _objects(doc)
+    addrs = _dnat_addrs(objs)
     hairpin = {e["concat"][0] for e in sets.get("hairpin-endpoints", [])}
     out = {}
     for key, verdict in sets.get("service-ips", []):
-        val = key["elem"]["val"] if "elem" in key else key
-        eps = dnats.get(verdict["goto"]["target"], [])
-        out[val["concat"][0]] = (len(eps), sum(ep in hairpin for ep in eps))
+        vip, _, port = (key["elem"]["val"] if "elem" in key else key)["concat"]
+        eps = _targets(addrs.get(verdict["goto"]["target"], []), sets, (vip, port))
+        out[vip] = (len(eps), sum(ep in hairpin for ep in eps))
     return out
 
 

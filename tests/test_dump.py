@@ -4,7 +4,8 @@ Aspects: per service port its VIPs, node port, policies, affinity, source
 ranges (from the shared firewall-vips / firewall-allow sets, grouped per
 port, with its KUBE-FW-<h>) and endpoints with their KUBE-SEP-<h> (from the
 DNAT rule's comment; ruleset v2 has no KUBE-SEP chains) and cascade
-probability; --service filters; --json is machine-readable; a missing table
+probability (a cluster-IP-only port through its shared chooser, ruleset
+v7, named by its KUBE-SVC-<h>); --service filters; --json is machine-readable; a missing table
 is a clear message; a ruleset v1 table is shown with a notice, not a crash;
 `cleanup` deletes only nftproxy's tables;
 - addresses: the text brackets IPv6 wherever a port follows (VIPs,
@@ -65,6 +66,8 @@ def test_dump_shows_each_service_port(netns: str) -> None:
     ]
     assert [e["probability"] for e in web["endpoints"]] == [0.5, 0.5]
     assert all(e["identity"].startswith("KUBE-SEP-") for e in web["endpoints"])
+    # cluster IP only: the shared chooser stands in for its KUBE-SVC (ruleset v7)
+    assert (web["chains"], web["chooser"]) == (["KUBE-SVC-XRY76EGRC3BSCIIJ"], "dispatch-tcp-a-2")
 
     sticky = services["demo/sticky:http"]
     assert sticky["affinity_timeout"] == 600

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import re
 import subprocess
 import threading
 import time
@@ -216,7 +217,8 @@ def test_b_deleted_table_and_flushed_chain_are_repaired_within_sync_period(
         # the count follows the commit in the sync thread: wait for it too
         wait_until(lambda: repairs(agent, "table") == 1, 5, "repair counted")
 
-        chain = next(c for c in want["ip"]["chains"] if c.startswith("KUBE-SVC-"))
+        # the shared chooser of web's one endpoint (rules/dispatch.py)
+        chain = next(c for c in want["ip"]["chains"] if re.fullmatch(r"dispatch-tcp-.-1", c))
         kernel.nft(netns, "flush", "chain", "ip", TABLE, chain)
         assert tables(netns) != want
         chain_took = wait_until(lambda: tables(netns) == want, 3 * period + 10, "rules back")
@@ -252,8 +254,11 @@ def node_ns(topo: Topology) -> Iterator[str]:
             kernel.nft(topo.node, "delete", "table", family, TABLE)
 
 
-def web(name: str, ips: Sequence[str], pods: Sequence[Pod], *, udp: bool = False) -> list[Any]:
-    """A Service (TCP 80 -> 8080, or UDP 8125 -> 5353) and its slices."""
+def web(
+    name: str, ips: Sequence[str], pods: Sequence[Pod], *, udp: bool = False, **service_kw: Any
+) -> list[Any]:
+    """A Service (TCP 80 -> 8080, or UDP 8125 -> 5353; `service_kw` for
+    k8s.service) and its slices."""
     port, target = (("statsd", 8125, "UDP"), ("statsd", 5353, "UDP")) if udp else (
         ("http", 80, "TCP"), ("http", 8080, "TCP"))
     slices = [
@@ -261,7 +266,7 @@ def web(name: str, ips: Sequence[str], pods: Sequence[Pod], *, udp: bool = False
                        family=f"IPv{f}", name=f"{name}-v{f}")
         for f in ((4, 6) if len(ips) == 2 else (4,))
     ]
-    return [service(name, list(ips), ports=[port]), *slices]
+    return [service(name, list(ips), ports=[port], **service_kw), *slices]
 
 
 def the_node() -> dict[str, Any]:
@@ -290,7 +295,10 @@ def test_c_a_foreign_jump_into_a_doomed_chain_is_refused_then_repaired(
     keep, doomed = topo.pods["local1"], topo.pods["local2"]
     path = tmp_path / "cluster.yaml"
     objects = [the_node(), *web("keep", ["10.96.0.20"], [keep])]
-    write_cluster(path, [*objects, *web("doomed", ["10.96.0.21"], [doomed])])
+    # a node port: the Service has chains of its own (a cluster-IP-only one
+    # goes through the shared choosers, rules/dispatch.py)
+    doomed_svc = web("doomed", ["10.96.0.21"], [doomed], type="NodePort", node_ports=[30081])
+    write_cluster(path, [*objects, *doomed_svc])
     failures = Failures(lambda: (tables(node_ns), answered(topo, "10.96.0.21")))
     commits: list[float] = []
     with running_agent(node_ns, path, config(sync_period=60.0), on_sync_failure=failures,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from builders import CONFIG, NODE, endpoint, endpoints_map_of, render, service_port
+from builders import CONFIG, NODE, endpoint, render, service_port
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,8 +60,8 @@ from nftproxy.core.nft.plan import (
     stage_partial,
 )
 from nftproxy.core.rules import names
-from nftproxy.core.rules.fragment import BaseHook, Fragment
-from nftproxy.core.rules.skeleton import is_endpoints_map, render_skeleton
+from nftproxy.core.rules.fragment import BaseHook, Fragment, Target, Verdict
+from nftproxy.core.rules.skeleton import render_skeleton
 from nftproxy.kernel.fake import FakeBackend
 
 V4 = IPFamily.IPV4
@@ -324,6 +324,11 @@ SVC1 = service_port()
 EP1, EP2, EP3 = (endpoint(f"10.180.0.{i}") for i in (1, 2, 3))
 
 
+NODEPORT = replace(SVC1, node_port=30001)
+"""SVC1 with a node port: it has KUBE-SVC and KUBE-EXT chains; SVC1 (cluster
+IP only) has none, it goes through a shared chooser (rules/dispatch.py)."""
+
+
 def frag(port: ServicePort, endpoints: Iterable[Endpoint] = ()) -> Fragment:
     return render(port, tuple(endpoints)).fragment
 
@@ -357,55 +362,54 @@ def commands_of(commands: Sequence[Json], verb: str, kind: str) -> list[str]:
 
 def test_a_new_chain_is_added_before_the_element_that_targets_it() -> None:
     state, kernel = table(0)
-    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])})
+    commands = partial(state, kernel, {SVC1.name: frag(NODEPORT, [EP1])})
     ops = _ops(commands)
-    svc_chain = names.service_chain(SVC1.name)
+    svc_chain = names.external_chain(SVC1.name)
     add_chain = ops.index(next(o for o in ops if o[:3] == ("add", "chain", svc_chain)))
-    add_elem = next(i for i, o in enumerate(ops) if o[:3] == ("add", "element", "service-ips"))
+    add_elem = next(
+        i for i, o in enumerate(ops) if o[:3] == ("add", "element", "service-nodeports")
+    )
     assert add_chain < add_elem
 
 
 def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
-    itp_local = replace(SVC1, internal_traffic_policy=TrafficPolicy.LOCAL)
-    local_ep = endpoint("10.180.0.9", local=True)
-    state, kernel = table(0, svc1=frag(SVC1, [local_ep]))
-    commands = partial(state, kernel, {SVC1.name: frag(itp_local, [local_ep])})
+    """A second endpoint moves a cluster-IP-only port to the shared chooser
+    of 2 (rules/dispatch.py): its service-ips element is deleted and added
+    again, with its new endpoint's element, in one transaction."""
+    state, kernel = table(0, svc1=frag(SVC1, [EP1]))
+    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1, EP2])})
     elems = [(v, name, spec["elem"]) for v, k, name, spec in _ops(commands) if k == "element"]
-    moved = [(v, n) for v, n, _ in elems if is_endpoints_map(n)]
-    svc, svl = (endpoints_map_of(c(SVC1.name)) for c in (names.service_chain, names.local_chain))
-    assert moved == [("delete", svc), ("add", svl)]  # SVC's -> SVL's
-    elems = [e for e in elems if not is_endpoints_map(e[1])]
+    added = [n for v, n, _ in elems if v == "add" and n != "service-ips"]
+    assert sorted(added) == ["clusterip-endpoints-tcp-a", "hairpin-endpoints"]
+    elems = [e for e in elems if e[1] == "service-ips"]
     key = {"concat": ["172.30.0.41", "tcp", 80]}
     assert [(v, n) for v, n, _ in elems] == [("delete", "service-ips"), ("add", "service-ips")]
     assert elems[0][2] == [key]
     assert elems[1][2][0][0]["elem"]["val"] == key
-    assert elems[1][2][0][1] == {"goto": {"target": names.local_chain(SVC1.name)}}
-
-
-NODEPORT = replace(SVC1, node_port=30001)
-"""SVC1 with a node port: it has a KUBE-EXT chain, which SVC1 has not."""
+    assert elems[1][2][0][1] == {"goto": {"target": "dispatch-tcp-a-2"}}
+    assert_same_as_full(state, kernel)
 
 
 def test_a_removed_chain_is_flushed_then_deleted() -> None:
     state, kernel = table(0, svc1=frag(NODEPORT, [EP1, EP2]))
     commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])})
-    gone = names.external_chain(SVC1.name)
-    assert commands_of(commands, "flush", "chain").count(gone) == 1
-    assert commands_of(commands, "delete", "chain") == [gone]
-    assert gone not in content(kernel).chains
+    gone = {names.external_chain(SVC1.name), names.service_chain(SVC1.name)}
+    assert all(commands_of(commands, "flush", "chain").count(c) == 1 for c in gone)
+    assert set(commands_of(commands, "delete", "chain")) == gone
+    assert not gone & set(content(kernel).chains)
     assert_same_as_full(state, kernel)
 
 
 def test_deferred_deletes_leave_the_chain_flushed_until_gc() -> None:
     state, kernel = table(0, svc1=frag(NODEPORT, [EP1, EP2]))
-    gone = names.external_chain(SVC1.name)
+    gone = {names.external_chain(SVC1.name), names.service_chain(SVC1.name)}
     commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
-    assert gone in commands_of(commands, "flush", "chain")
+    assert gone <= set(commands_of(commands, "flush", "chain"))
     assert commands_of(commands, "delete", "chain") == []
-    assert state.stale_chains == {gone}
-    assert content(kernel).chains[gone] == []
+    assert state.stale_chains == gone
+    assert all(content(kernel).chains[c] == [] for c in gone)
     gc = apply(state, kernel, stage_gc(state))
-    assert commands_of(gc, "delete", "chain") == [gone]
+    assert set(commands_of(gc, "delete", "chain")) == gone
     assert state.stale_chains == set()
     assert_same_as_full(state, kernel)
 
@@ -578,28 +582,40 @@ AE, DE = "add element", "delete element"
 
 SIZES = [
     # (starting fragment of ns1/svc1 or None, its new fragment or None, commands by kind)
-    pytest.param(None, _one_endpoint(), {AC: 1, AR: 2, AE: 4},
+    # A ClusterIP service goes through the shared choosers (rules/dispatch.py):
+    # elements only, one command per set
+    pytest.param(None, _one_endpoint(), {AE: 4},
                  id="add a ClusterIP service with one endpoint"),
-    # chain SVC; rules: masquerade + the endpoints-map pick; elements: cluster-ips,
-    # service-ips, hairpin-endpoints, endpoints-tcp-a (one command per set)
+    # cluster-ips, service-ips (goto dispatch-tcp-a-1), hairpin-endpoints,
+    # clusterip-endpoints-tcp-a
     pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {DE: 2, AE: 2},
                  id="change one endpoint's IP"),
-    # elements only: hairpin EP1 . EP1 -> EP2 . EP2, endpoints-tcp-a (F1, F2, 0) -> EP2
-    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {FC: 1, AC: 1, AR: 2, AE: 2},
+    # hairpin EP1 . EP1 -> EP2 . EP2, clusterip-endpoints (VIP, 80, 0) -> EP2
+    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {DE: 1, AE: 3},
                  id="add a second endpoint"),
-    # SVC rewritten (its pick goes mod 2); hairpin EP2 . EP2, endpoints-tcp-a (F1, F2, 1)
-    pytest.param(_one_endpoint(), None, {FC: 1, DE: 4, DC: 1}, id="delete the service"),
-    # SVC flushed and deleted; cluster-ips, service-ips, hairpin, endpoints elements deleted
+    # service-ips -> goto dispatch-tcp-a-2; hairpin EP2 . EP2, clusterip-endpoints (VIP, 80, 1)
+    pytest.param(_one_endpoint(), None, {DE: 4}, id="delete the service"),
+    # cluster-ips, service-ips, hairpin, clusterip-endpoints elements deleted
     pytest.param(_one_endpoint(), _one_endpoint(), {}, id="no change"),
-    pytest.param(_one_endpoint(), frag(SVC1), {FC: 1, DE: 3, AE: 1, DC: 1},
+    pytest.param(_one_endpoint(), frag(SVC1), {DE: 3, AE: 1},
                  id="endpoints become none"),
-    # SVC flushed and deleted; service-ips -> no-endpoint-services (reject), hairpin
-    # and endpoints elements gone
+    # service-ips -> no-endpoint-services (reject), hairpin and endpoints elements gone
     pytest.param(None, frag(SVC1), {AE: 2}, id="add a service without endpoints"),
     # cluster-ips and no-endpoint-services elements
-    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AC: 1, AR: 2, AE: 3},
+    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AE: 3},
                  id="its first endpoint"),
-    # no-endpoint-services -> service-ips + hairpin + endpoints, chain SVC with its 2 rules
+    # no-endpoint-services -> service-ips + hairpin + endpoints
+    # A NodePort service keeps chains of its own
+    pytest.param(None, frag(NODEPORT, [EP1]), {AC: 2, AR: 4, AE: 5},
+                 id="add a NodePort service with one endpoint"),
+    # chains SVC (masquerade + the endpoints-map pick) and EXT (mark + goto SVC);
+    # cluster-ips, service-ips, service-nodeports, hairpin, endpoints-tcp-a-<k>
+    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP2]), {DE: 2, AE: 2},
+                 id="change a NodePort service's endpoint"),
+    # elements only: hairpin, endpoints-tcp-a-<k> (F1, F2, 0) -> EP2
+    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP1, EP2]), {FC: 1, AC: 1, AR: 2, AE: 2},
+                 id="add a second endpoint to a NodePort service"),
+    # SVC rewritten (its pick goes mod 2); hairpin EP2 . EP2, endpoints (F1, F2, 1)
 ]
 
 
@@ -631,7 +647,9 @@ def test_deleting_one_claimant_and_adding_another_hands_the_element_over_once() 
     adds = [o[3]["elem"] for o in ops if o[:3] == ("add", "element", "service-ips")]
     dels = [o[3]["elem"] for o in ops if o[:3] == ("delete", "element", "service-ips")]
     assert len(adds) == 1 and len(adds[0]) == 1
-    assert adds[0][0][1] == {"goto": {"target": names.service_chain(B.name)}}
+    # B's element: the shared chooser, B's KUBE-SVC-<h> in its comment
+    assert adds[0][0][1] == {"goto": {"target": "dispatch-tcp-a-1"}}
+    assert adds[0][0][0]["elem"]["comment"].endswith(names.service_chain(B.name))
     assert dels == [[{"concat": [SAME_IP, "tcp", 80]}]]
     # cluster-ips keeps its element: same key, same (no) verdict
     assert not [o for o in ops if o[1] == "element" and o[2] == "cluster-ips"]
@@ -653,12 +671,30 @@ def test_two_claimants_resolve_to_the_same_winner_whatever_the_order(order: str)
     winner = state.effective(key)
     assert winner is not None
     assert winner.value is not None
-    assert winner.value.target == names.service_chain(A.name)  # ns1/a sorts before ns2/b
+    assert _claimant(state, key) == names.service_chain(A.name)  # ns1/a sorts before ns2/b
+    # ... and so is the endpoint its shared chooser picks for the address
+    assert _target(state, (SAME_IP, 80, 0)) == EP1.ip
     assert_same_as_full(state, kernel)
     # the loser takes over when the winner leaves
     partial(state, kernel, {A.name: None})
-    assert state.effective(key).value.target == names.service_chain(B.name)  # type: ignore[union-attr]
+    assert _claimant(state, key) == names.service_chain(B.name)
+    assert _target(state, (SAME_IP, 80, 0)) == EP2.ip
     assert_same_as_full(state, kernel)
+
+
+def _claimant(state: Synced, key: tuple[str, Any]) -> str:
+    """The KUBE-SVC-<h> of the service-ips element the kernel holds for `key`."""
+    winner = state.effective(key)
+    assert winner is not None and winner.comment is not None
+    assert winner.value == Verdict("goto", "dispatch-tcp-a-1")
+    return winner.comment.rsplit(" ", 1)[-1]
+
+
+def _target(state: Synced, key: tuple[str, int, int]) -> str:
+    """The endpoint address of the clusterip-endpoints element for `key`."""
+    winner = state.effective(("clusterip-endpoints-tcp-a", key))
+    assert winner is not None and isinstance(winner.value, Target)
+    return winner.value.ip
 
 
 # --- full sync against a listing ------------------------------------------------------

@@ -62,15 +62,22 @@ def test_a_shared_key_passes_to_the_next_claimant_and_goes_with_the_last() -> No
     commands = partial(state, kernel, {A.name: frag(A, [EP])})
     assert state.index.owners(*SERVICE_KEY) == (A.name, B.name)
     assert state.index.owners(*HAIRPIN_KEY) == (A.name, B.name)
-    assert _element_ops(commands) == [("delete", "service-ips"), ("add", "service-ips")]
+    # its service-ips element and its endpoint's (same key, another comment)
+    taken = [
+        ("delete", "service-ips"),
+        ("delete", "clusterip-endpoints-tcp-a"),
+        ("add", "service-ips"),
+        ("add", "clusterip-endpoints-tcp-a"),
+    ]
+    assert _element_ops(commands) == taken
     assert_same_as_full(state, kernel)
     # the winner leaves: the other takes over; an equal element is not re-sent
     commands = partial(state, kernel, {A.name: None})
     assert state.index.owners(*SERVICE_KEY) == (B.name,)
     winner = state.effective(SERVICE_KEY)
-    assert winner is not None and winner.value is not None
-    assert winner.value.target == names.service_chain(B.name)
-    assert _element_ops(commands) == [("delete", "service-ips"), ("add", "service-ips")]
+    assert winner is not None and winner.comment is not None
+    assert winner.comment.endswith(names.service_chain(B.name))
+    assert _element_ops(commands) == taken
     assert_same_as_full(state, kernel)
     # the last one leaves: the key is gone from the record and the kernel
     partial(state, kernel, {B.name: None})

@@ -22,6 +22,7 @@ from test_plan import (
     AFFINITY,
     EP1,
     EP2,
+    NODEPORT,
     SKEL,
     SVC1,
     _ops,
@@ -54,7 +55,7 @@ def test_a_chain_is_recorded_as_a_digest_its_size_and_the_sets_it_uses() -> None
 
 
 def test_a_rule_that_differs_only_in_its_comment_rewrites_the_chain() -> None:
-    rendered = frag(SVC1, [EP1, EP2])
+    rendered = frag(NODEPORT, [EP1, EP2])
     state, kernel = table(0, svc1=rendered)
     svc = names.service_chain(SVC1.name)
     chain = chain_of(rendered, svc)

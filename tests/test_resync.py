@@ -156,30 +156,44 @@ def test_a_restart_in_chunks_ends_in_the_one_transaction_table(version: str) -> 
     other.close()
 
 
+def _size(commands: Sequence[Mapping[str, Any]]) -> int:
+    """A transaction's size: its JSON text's (a command may hold many elements)."""
+    return len(json.dumps(commands))
+
+
 def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> None:
     single = one_transaction(old_cluster(), new_cluster())[2]
     assert isinstance(single, Recording)
-    whole = len(single.sent[-1])
+    whole = _size(single.sent[-1])
     old_table(commits, old_cluster())
     commits.sent.clear()
     restarted(commits, new_cluster(), CHUNK).sync()
-    sizes = [len(c) for c in commits.sent]
+    sizes = [_size(c) for c in commits.sent]
     # skeleton, 8 chunks of about 6 endpoints (16 services of 2-4), the final switch
     assert len(sizes) == 10, sizes
-    # the final step also deletes the old generation's 3 x 32 endpoints maps
-    # of each family, most of its size in a cluster this small
-    assert sizes[0] < whole / 2 and max(sizes[1:-1]) < whole / 5, (sizes, whole)
-    assert sizes[-1] - 2 * 96 < whole / 5, (sizes, whole)
+    # the skeleton step is the skeleton (its 2 x 192 shared choosers most of
+    # it), nothing of the services
+    empty = one_transaction([], [])[2]
+    assert isinstance(empty, Recording)
+    skeleton = _size(empty.sent[-1])
+    assert sizes[0] <= skeleton, (sizes, skeleton)
+    services = whole - skeleton
+    # (the chunk of the affinity service's cascade is the largest)
+    assert max(sizes[1:-1]) < services / 2, (sizes, services)
+    # the final step deletes the old generation's 3 x 32 endpoints maps,
+    # 3 clusterip-endpoints maps and 192 shared choosers of each family
+    assert sizes[-1] < skeleton / 2, (sizes, skeleton)
     final = commits.sent[-1]
     assert not any("rule" in body for c in final for body in c.values())
     # before the final step, elements only of the new endpoints maps, with their choosers
     stepped = {body["element"]["name"] for step in commits.sent[:-1] for c in step
                for body in c.values() if "element" in body}
     # ... and of the new hairpin set
-    assert "hairpin-endpoints-b" in stepped
-    assert all(n.startswith("endpoints-tcp-b-") for n in stepped - {"hairpin-endpoints-b"})
+    assert {"hairpin-endpoints-b", "clusterip-endpoints-tcp-b"} <= stepped
+    assert all(n.startswith("endpoints-tcp-b-") for n in stepped - {
+        "hairpin-endpoints-b", "clusterip-endpoints-tcp-b"})
     assert not any("element" in body and body["element"]["name"].startswith(
-        ("endpoints-", "hairpin-")) for c in final for body in c.values())
+        ("endpoints-", "hairpin-", "clusterip-")) for c in final for body in c.values())
     # the old generation's hairpin set is emptied in one command
     flushed = {body["set"]["name"] for c in final for verb, body in c.items()
                if verb == "flush" and "set" in body}

@@ -8,8 +8,14 @@ kube-proxy's words (docs/kube-proxy-semantics.md, upstream-nftables-notes.md
   which chains exist (one table of sentence-named cases), including external
   and internal traffic policy Local and terminating endpoints;
 - masquerade decisions per local-traffic detector and per protocol;
-- every private renderer has a test in one of the three modules (meta-test
+- every private renderer has a test in one of the four modules (meta-test
   at the end).
+Since ruleset v7 a cluster-IP-only port without affinity and with 1..64
+endpoints has no chain: its cluster IP goes to the skeleton's shared chooser
+(rules/dispatch.py), so the chooser tests use a node port to keep their own
+KUBE-SVC/SVL, and check the shared chooser's rules beside.
+test_rules_dispatch.py: which ports are dispatched, their elements, the
+shared choosers and maps of the skeleton.
 test_rules_service_endpoints.py: the chooser's map pick and its endpoints-map
 elements, endpoint comments, hairpin, IPv6, session affinity's cascade.
 test_rules_service_external.py: KUBE-EXT, source ranges, whole-fragment
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import pytest
 from builders import (
+    AFFINITY,
     CIP,
     CONFIG,
     EIP,
@@ -47,6 +54,7 @@ from builders import (
     SVC1,
     SVL,
     Elements,
+    chain_of,
     context,
     dispatch,
     endpoint,
@@ -56,6 +64,8 @@ from builders import (
     render,
     rules_of,
     service_port,
+    shared_dnat,
+    text,
 )
 
 from nftproxy.core.config import DetectLocalMode, ProxyConfig
@@ -64,11 +74,14 @@ from nftproxy.core.model import (
     IPMode,
     L4Protocol,
     LoadBalancerIngress,
+    NodeInfo,
     ServicePort,
     SessionAffinity,
 )
 from nftproxy.core.rules import names
 from nftproxy.core.rules import service as service_mod
+from nftproxy.core.rules.fragment import Verdict
+from nftproxy.core.rules.skeleton import render_skeleton
 
 # --- dispatch: one table of cases ---------------------------------------------
 
@@ -92,6 +105,21 @@ LB_PORT = service_port(
 )
 CLUSTER_IPS: Elements = {"cluster-ips": {(CIP,): None}}
 SVC_CIP: Elements = {**CLUSTER_IPS, "service-ips": {(CIP, "tcp", 80): "goto SVC"}}
+
+
+def shared(*ips: str) -> Elements:
+    """A cluster-IP-only port's elements (v7, rules/dispatch.py): its
+    service-ips element goes to the skeleton's shared chooser of its count,
+    which picks from its clusterip-endpoints elements, one per endpoint `ips`
+    in order; it is an active cluster IP."""
+    return {
+        **CLUSTER_IPS,
+        "service-ips": {(CIP, "tcp", 80): f"goto dispatch-tcp-a-{len(ips)}"},
+        "clusterip-endpoints-tcp-a": {(CIP, 80, i): f"{ip}:80" for i, ip in enumerate(ips)},
+    }
+
+
+AFFINITY_ITP_LOCAL = replace(AFFINITY, internal_traffic_policy=LOCAL)
 FIREWALLED: Elements = {
     "firewall-vips": {(LB, "tcp", 80): None},
     "firewall-allow": {(LB, "tcp", 80, "203.0.113.0/25"): None},
@@ -100,9 +128,13 @@ FIREWALLED: Elements = {
 
 DISPATCH_CASES = [
     Case(
-        "cluster IP with endpoints goes to KUBE-SVC, is an active cluster IP, "
+        "cluster IP with endpoints goes to KUBE-SVC's shared chooser, is an active cluster IP, "
         "and its endpoint is a hairpin pair",
-        service_port(), REMOTE, {**SVC_CIP, **hairpin(EP1)}, frozenset({"SVC"}),
+        service_port(), REMOTE, {**shared(EP1), **hairpin(EP1)}, frozenset(),
+    ),
+    Case(
+        "cluster IP with ClientIP affinity goes to its own KUBE-SVC",
+        AFFINITY, REMOTE, {**SVC_CIP, **hairpin(EP1)}, frozenset({"SVC"}),
     ),
     Case(
         "cluster IP without endpoints is rejected and gets no chains at all",
@@ -229,8 +261,13 @@ DISPATCH_CASES = [
         frozenset(),
     ),
     Case(
-        "iTP=Local with a local endpoint sends the cluster IP to KUBE-SVL",
-        ITP_LOCAL, LOCAL_AND_REMOTE,
+        "iTP=Local with a local endpoint sends the cluster IP to KUBE-SVL's shared chooser "
+        "of the local endpoints",
+        ITP_LOCAL, LOCAL_AND_REMOTE, {**shared(EP1), **hairpin(EP1)}, frozenset(),
+    ),
+    Case(
+        "iTP=Local with ClientIP affinity sends the cluster IP to its own KUBE-SVL",
+        AFFINITY_ITP_LOCAL, LOCAL_AND_REMOTE,
         {**CLUSTER_IPS, "service-ips": {(CIP, "tcp", 80): "goto SVL"}, **hairpin(EP1)},
         frozenset({"SVL"}),
     ),
@@ -262,13 +299,19 @@ DISPATCH_CASES = [
     Case(
         "terminating endpoints serve when none is ready",
         service_port(), (endpoint(EP2, ready=False, terminating=True, serving=True),),
-        {**SVC_CIP, **hairpin(EP2)}, frozenset({"SVC"}),
+        {**shared(EP2), **hairpin(EP2)}, frozenset(),
     ),
     Case(
         "terminating endpoints are ignored while one is ready",
         service_port(),
         (endpoint(EP1), endpoint(EP2, ready=False, terminating=True, serving=True)),
-        {**SVC_CIP, **hairpin(EP1)}, frozenset({"SVC"}),
+        {**shared(EP1), **hairpin(EP1)}, frozenset(),
+    ),
+    Case(
+        "terminating endpoints serve their own KUBE-SVC when none is ready",
+        NODEPORT, (endpoint(EP2, ready=False, terminating=True, serving=True),),
+        {**SVC_CIP, "service-nodeports": {("tcp", 3001): "goto EXT"}, **hairpin(EP2)},
+        frozenset({"SVC", "EXT"}),
     ),
     Case(
         "non-serving terminating endpoints count as no endpoints",
@@ -306,6 +349,30 @@ def test_no_port_declares_a_set_of_its_own() -> None:
 
 
 # --- masquerade ------------------------------------------------------------------
+# In two places (v7): the KUBE-SVC/SVL of a port with its own chooser (a node
+# port here), and the skeleton's shared chooser a cluster-IP-only port goes to.
+
+CIP_MATCH = f"ip daddr {CIP} tcp dport 80 "
+"""What the own chooser's rule matches before the source; the shared chooser
+needs no such match: only its cluster IP's service-ips element goes there."""
+
+
+def shared_chooser_rules(
+    port: ServicePort,
+    endpoints: tuple[Endpoint, ...] = REMOTE,
+    config: ProxyConfig = CONFIG,
+    node: NodeInfo = NODE,
+) -> list[str]:
+    """The rules of the skeleton's shared chooser (same config and node) that
+    the cluster-IP-only `port`'s service-ips element goes to; the port has
+    no chain."""
+    fragment = render(port, endpoints, config=config, node=node).fragment
+    assert fragment.chains == ()
+    (goto,) = [e.value for e in fragment.elements if e.set_name == "service-ips"]
+    assert isinstance(goto, Verdict) and goto.kind == "goto"
+    skeleton = render_skeleton(port.family, config, node)
+    return [text(r) for r in chain_of(skeleton, goto.target).rules]
+
 
 
 @pytest.mark.parametrize(
@@ -346,8 +413,10 @@ def test_no_port_declares_a_set_of_its_own() -> None:
 def test_cluster_ip_masquerade_rule_comes_first_in_kube_svc(
     config: ProxyConfig, masq_rule: str
 ) -> None:
-    fragment = render(SVC1, REMOTE, config=config).fragment
+    fragment = render(NODEPORT, REMOTE, config=config).fragment
     assert rules_of(fragment, SVC) == [masq_rule, picks(EP1)]
+    assert shared_chooser_rules(SVC1, config=config) == [
+        masq_rule.removeprefix(CIP_MATCH), shared_dnat(1)]
 
 
 @pytest.mark.parametrize(
@@ -362,29 +431,37 @@ def test_cluster_ip_masquerade_rule_comes_first_in_kube_svc(
 )
 def test_without_a_detector_cluster_ip_traffic_is_never_masqueraded(config: ProxyConfig) -> None:
     assert context(config=config).detector is None
-    fragment = render(SVC1, REMOTE, config=config).fragment
+    fragment = render(NODEPORT, REMOTE, config=config).fragment
     assert rules_of(fragment, SVC) == [picks(EP1)]
+    assert shared_chooser_rules(SVC1, config=config) == [shared_dnat(1)]
 
 
 def test_without_a_detector_masquerade_all_still_masquerades() -> None:
     config = replace(CONFIG, cluster_cidrs=(), masquerade_all=True)
-    fragment = render(SVC1, REMOTE, config=config).fragment
+    fragment = render(NODEPORT, REMOTE, config=config).fragment
     assert rules_of(fragment, SVC)[0] == f"ip daddr {CIP} tcp dport 80 {MASQ}"
+    assert shared_chooser_rules(SVC1, config=config) == [MASQ, shared_dnat(1)]
 
 
 def test_node_cidr_detector_without_pod_cidr_is_no_detector() -> None:
     config = replace(CONFIG, detect_local_mode=DetectLocalMode.NODE_CIDR)
     node = replace(NODE, pod_cidrs=())
-    fragment = render(SVC1, REMOTE, config=config, node=node).fragment
+    fragment = render(NODEPORT, REMOTE, config=config, node=node).fragment
     assert rules_of(fragment, SVC) == [picks(EP1)]
+    assert shared_chooser_rules(SVC1, config=config, node=node) == [shared_dnat(1)]
+    with_pod_cidr = shared_chooser_rules(SVC1, config=config)
+    assert with_pod_cidr == [f"ip saddr != 10.0.1.0/24 {MASQ}", shared_dnat(1)]
 
 
 def test_itp_local_masquerade_rule_lives_in_kube_svl() -> None:
-    fragment = render(ITP_LOCAL, LOCAL_AND_REMOTE).fragment
+    fragment = render(replace(ITP_LOCAL, node_port=3001), LOCAL_AND_REMOTE).fragment
     assert rules_of(fragment, SVL) == [
         f"ip daddr {CIP} tcp dport 80 ip saddr != 10.0.0.0/8 {MASQ}",
         picks(EP1),
     ]
+    # cluster IP only: KUBE-SVL's shared chooser, of the one local endpoint
+    assert shared_chooser_rules(ITP_LOCAL, LOCAL_AND_REMOTE) == [
+        f"ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1)]
 
 
 def test_itp_local_with_external_access_keeps_kube_svc_free_of_the_cluster_ip_rule() -> None:
@@ -396,18 +473,25 @@ def test_itp_local_with_external_access_keeps_kube_svc_free_of_the_cluster_ip_ru
 
 @pytest.mark.parametrize("protocol", [L4Protocol.UDP, L4Protocol.SCTP], ids=lambda p: p.value)
 def test_masquerade_rule_matches_the_service_protocol(protocol: L4Protocol) -> None:
-    port = service_port(protocol=protocol)
+    port = service_port(protocol=protocol, node_port=3001)
     fragment = render(port, REMOTE).fragment
     rules = rules_of(fragment, names.service_chain(port.name))
     assert rules[0] == f"ip daddr {CIP} {protocol.nft} dport 80 ip saddr != 10.0.0.0/8 {MASQ}"
     assert dispatch(fragment, labels(port))["service-ips"] == {
         (CIP, protocol.nft, 80): "goto SVC"}
+    cluster_ip_only = replace(port, node_port=0)
+    fragment = render(cluster_ip_only, REMOTE).fragment
+    assert dispatch(fragment, labels(port))["service-ips"] == {
+        (CIP, protocol.nft, 80): f"goto dispatch-{protocol.nft}-a-1"}
+    assert shared_chooser_rules(cluster_ip_only) == [
+        f"ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1, protocol.nft)]
 
 
 # --- meta-test: every renderer has a test ------------------------------------
 
 RENDERER_TESTS = {
     "_cluster_ip_elements": "test_dispatch",
+    "_shared_elements": "test_shared_elements_are_the_endpoints_in_order_keyed_by_cluster_ip",
     "_external_elements": "test_dispatch",
     "_nodeport_elements": "test_dispatch",
     "_masquerade_rule": "test_cluster_ip_masquerade_rule_comes_first_in_kube_svc",
@@ -427,6 +511,7 @@ SERVICE_TEST_MODULES = (
     "test_rules_service.py",
     "test_rules_service_endpoints.py",
     "test_rules_service_external.py",
+    "test_rules_dispatch.py",
 )
 """The modules testing rules/service.py, where RENDERER_TESTS's tests live."""
 

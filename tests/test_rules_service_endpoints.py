@@ -10,6 +10,8 @@ upstream-nftables-notes.md §1.5-§1.15), in ruleset v2's shapes:
 - IPv6 ports: ip6 matches, bracketed DNAT addresses, ipv6_addr affinity sets;
 - session affinity: lookup, refresh, DNAT per endpoint before the numgen
   cascade, which DNATs inline.
+The chooser's tests use a node port (NODEPORT): a cluster-IP-only port has
+no chooser of its own since v7; test_rules_dispatch.py tests the shared one.
 Rules are read through builders.text() (nft syntax; fails on unknown shapes);
 dispatch, masquerade and the renderer meta-test live in test_rules_service.py.
 """
@@ -33,6 +35,7 @@ from builders import (
     LOCAL_AND_REMOTE,
     MASQ,
     NODE,
+    NODEPORT,
     REMOTE,
     SVC,
     SVC1,
@@ -102,7 +105,7 @@ def _map_elements(fragment: Fragment) -> list[Element]:
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_map_pick_picks_each_endpoint_with_probability_one_over_n(n: int) -> None:
     eps = tuple(endpoint(f"10.180.0.{i + 1}") for i in range(n))
-    fragment = render(SVC1, eps).fragment
+    fragment = render(NODEPORT, eps).fragment
     (pick,) = chain_of(fragment, SVC).rules[1:]  # after the masquerade rule
     assert text(pick) == _pick_rule(n)
     assert pick.comment == f"ns1/svc1:p80 -> {n} endpoints"
@@ -116,7 +119,7 @@ def test_map_pick_picks_each_endpoint_with_probability_one_over_n(n: int) -> Non
 
 def test_map_elements_follow_endpoint_order_not_arrival_order() -> None:
     eps = (endpoint(EP3), endpoint(EP1), endpoint(EP2))
-    fragment = render(SVC1, eps).fragment
+    fragment = render(NODEPORT, eps).fragment
     (pick,) = chain_of(fragment, SVC).rules[1:]
     elements = picked(fragment, pick)
     assert [e.key[-1] for e in elements] == [0, 1, 2]
@@ -130,14 +133,14 @@ def test_endpoint_rule_dnats_with_the_service_protocol(protocol: L4Protocol) -> 
     """The DNAT is in KUBE-SVC (the map pick; with affinity, the cascade); no
     rule marks hairpin traffic any more (KUBE-POSTROUTING does, from
     hairpin-endpoints) and no KUBE-SEP chain exists."""
-    port = service_port(protocol=protocol)
+    port = service_port(protocol=protocol, node_port=3001)
     chain, proto = names.service_chain(port.name), protocol.nft
     fragment = render(port, (endpoint(EP1, 8080),)).fragment
     assert rules_of(fragment, chain)[1:] == [picks(EP1, port=8080, protocol=proto)]
     assert [text(r) for r in chain_of(fragment, chain).rules[1:]] == [
         _pick_rule(1, chain, proto)]
     assert {e.set_name for e in _map_elements(fragment)} == {endpoints_map_of(chain, proto)}
-    assert {c.name for c in fragment.chains} == {chain}
+    assert {c.name for c in fragment.chains} == {chain, names.external_chain(port.name)}
     assert elements_of(fragment, "hairpin-endpoints") == {(EP1, EP1): None}
     affinity = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render(affinity, (endpoint(EP1, 8080),)).fragment
@@ -152,7 +155,8 @@ def test_choosers_spread_over_the_endpoints_map_shards() -> None:
     rules/skeleton.py ENDPOINTS_SHARDS)."""
     used: Counter[str] = Counter()
     for i in range(640):
-        port = service_port(f"s{i}", cluster_ip=f"10.96.{i // 250}.{i % 250 + 1}")
+        port = service_port(
+            f"s{i}", cluster_ip=f"10.96.{i // 250}.{i % 250 + 1}", node_port=30000 + i)
         fragment = render(port, (endpoint(EP1), endpoint(EP2))).fragment
         (pick,) = chain_of(fragment, names.service_chain(port.name)).rules[1:]
         (ref,) = {w[1:] for w in text(pick).split() if w.startswith("@")}
@@ -209,10 +213,12 @@ def test_endpoint_comments_of_a_maximal_service_keep_the_kube_sep_tag_within_128
 
 
 def test_map_element_comments_of_a_maximal_service_keep_the_kube_sep_tag() -> None:
-    port = service_port("s" * 63, ns="n" * 63, port_name="p" * 15, family=IPFamily.IPV6)
+    port = service_port("s" * 63, ns="n" * 63, port_name="p" * 15, family=IPFamily.IPV6,
+                        node_port=3001)
     eps = (endpoint("fd00:10:180::ffff:ffff", 65535), endpoint("fd00:10:180::2"))
     fragment = render(port, eps).fragment
     comments = [str(e.comment) for e in _map_elements(fragment)]
+    assert len(comments) == 2
     tags = [names.endpoint_chain(port.name, ep) for ep in sorted(eps, key=lambda e: e.ip)]
     assert all(len(c.encode()) <= names.COMMENT_MAX_BYTES for c in comments)
     assert all(c.endswith(" " + tag) for c, tag in zip(comments, tags, strict=True))
@@ -402,7 +408,7 @@ def test_affinity_in_kube_svl_looks_up_local_endpoints_only() -> None:
 
 def test_without_affinity_there_are_no_lookups_nor_updates() -> None:
     """The only set a chooser without affinity reads is the endpoints map."""
-    fragment = render(SVC1, (endpoint(EP1), endpoint(EP2))).fragment
+    fragment = render(NODEPORT, (endpoint(EP1), endpoint(EP2))).fragment
     rules = [text(r) for c in fragment.chains for r in c.rules]
     assert {word for r in rules for word in r.split() if "@" in word} == {
         "@" + endpoints_map_of(SVC)}

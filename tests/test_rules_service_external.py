@@ -51,7 +51,13 @@ from builders import (
 )
 
 from nftproxy.core.config import DetectLocalMode, ProxyConfig
-from nftproxy.core.model import IPFamily, LoadBalancerIngress, NodeInfo, SessionAffinity
+from nftproxy.core.model import (
+    IPFamily,
+    LoadBalancerIngress,
+    NodeInfo,
+    SessionAffinity,
+    TrafficPolicy,
+)
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
@@ -122,8 +128,19 @@ def test_etp_local_pod_short_circuit_uses_the_detector(
 
 
 def test_etp_local_without_external_access_is_plain_cluster_ip() -> None:
+    """No KUBE-SVL nor KUBE-EXT: the cluster-IP-only port renders as one
+    without the policy, with its shared chooser (v7) or, with affinity, its
+    own KUBE-SVC."""
     port = service_port(external_traffic_policy=LOCAL)
     fragment = render(port, REMOTE).fragment
+    assert fragment == render(service_port(), REMOTE).fragment
+    assert {c.name for c in fragment.chains} == set()
+    assert set(dispatch(fragment, labels(port))) == {
+        "cluster-ips", "service-ips", "hairpin-endpoints", "clusterip-endpoints-tcp-a"}
+    sticky = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
+    fragment = render(sticky, REMOTE).fragment
+    cluster = replace(sticky, external_traffic_policy=TrafficPolicy.CLUSTER)
+    assert fragment == render(cluster, REMOTE).fragment
     assert {c.name for c in fragment.chains} == {SVC}
     assert set(dispatch(fragment, labels(port))) == {
         "cluster-ips", "service-ips", "hairpin-endpoints"}

@@ -12,6 +12,11 @@ KUBE-POSTROUTING rule over the hairpin-endpoints set. Every set a rule looks
 up is matched by the very selectors it is declared by (`SetDecl.key`), which
 libnftables 1.1.x declares as typeof.
 
+Ruleset v7: the shared choosers dispatch-<proto>-<generation>-<N> (N =
+1..64) of the cluster IPs, each DNATing by (cluster IP, port, index) in its
+protocol's clusterip-endpoints map (test_rules_dispatch.py tests their
+masquerade rule per detector, the generations and the ports that use them).
+
 Variants: nodePortAddresses (all local addresses, "primary", CIDR lists,
 loopback never served; selecting from the host's interface addresses when
 they were read, else from the Node's), the masquerade bit, tcp_be_liberal,
@@ -113,6 +118,23 @@ def hairpin_rules(ip: str, bit: int) -> list[tuple[list[Any], str]]:
     return [hairpin_rule(ip, bit, name) for name in HAIRPIN_SETS]
 
 
+PROTOCOLS = ("tcp", "udp", "sctp")
+COUNTS = range(1, 65)
+"""The shared choosers: one per protocol and endpoint count 1..64."""
+DISPATCH_CHAINS = {f"dispatch-{p}-a-{n}" for p in PROTOCOLS for n in COUNTS}
+
+
+def shared_chooser(ip: str, protocol: str, n: int) -> tuple[list[Any], str]:
+    """dispatch-<protocol>-a-<n>'s DNAT: ip daddr . P dport . numgen random
+    mod n in the protocol's clusterip-endpoints map (no masquerade rule
+    before it: the default config has no local-traffic detector)."""
+    key = {"concat": [daddr(ip), {"payload": {"protocol": protocol, "field": "dport"}},
+                      {"numgen": {"mode": "random", "mod": n}}]}
+    lookup = {"map": {"key": key, "data": f"@clusterip-endpoints-{protocol}-a"}}
+    return ([{"match": {"op": "==", "left": L4PROTO, "right": protocol}},
+             {"dnat": {"family": ip, "addr": lookup}}], f"cluster IP -> {n} endpoints")
+
+
 # --- the golden IPv4 skeleton (default config) --------------------------------
 
 BASE_CHAINS = {
@@ -202,6 +224,7 @@ GOLDEN_V4: dict[str, Rules] = {
                      "right": ["established", "related"]}},
           {"accept": None}], "forward established connections"),
     ],
+    **{f"dispatch-{p}-a-{n}": [shared_chooser("ip", p, n)] for p in PROTOCOLS for n in COUNTS},
 }
 
 
@@ -264,7 +287,8 @@ def test_base_chains_hook_types_and_integer_priorities() -> None:
 def test_kube_chains_are_regular_chains() -> None:
     fragment = render_skeleton(V4, DEFAULT, NODE)
     regular = {c.name for c in fragment.chains if c.hook is None}
-    assert regular == KUBE_CHAINS
+    assert regular == KUBE_CHAINS | DISPATCH_CHAINS
+    assert len(DISPATCH_CHAINS) == 3 * 64
 
 
 def test_ipv4_skeleton_rules_are_golden() -> None:
@@ -282,6 +306,11 @@ def test_ipv4_maps_and_sets_are_golden() -> None:
         f'comment "{p} endpoints: chooser chain key . index -> endpoint"; }}'
         for p in ("tcp", "udp", "sctp")
         for k in range(32)
+    ] + [
+        f"add table ip nftproxy\nadd map ip nftproxy clusterip-endpoints-{p}-a {{ typeof ip daddr "
+        f". {p} dport . numgen random mod 1 : ip daddr . {p} dport; "
+        f'comment "{p} cluster IP . port . index -> endpoint"; }}'
+        for p in ("tcp", "udp", "sctp")
     ] + [
         "add table ip nftproxy\nadd set ip nftproxy affinity { typeof ip saddr . numgen random "
         "mod 1 . numgen random mod 1; flags dynamic, timeout; size 1048576; "
@@ -302,6 +331,8 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
             return {"reject": {"type": "icmpv6", "expr": "port-unreachable"}}
         if value in ({"protocol": "ip", "field": "daddr"}, {"protocol": "ip", "field": "saddr"}):
             return {**value, "protocol": "ip6"}
+        if isinstance(value, dict) and value.get("dnat", {}).get("family") == "ip":
+            return {"dnat": {**v6(value["dnat"]), "family": "ip6"}}
         if isinstance(value, dict):
             return {k: v6(v) for k, v in value.items()}
         if isinstance(value, list):
@@ -316,6 +347,7 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
     assert chain_rules(fragment, "KUBE-POSTROUTING")[:3] == hairpin_rules("ip6", 16384)
     assert {s.name: s.type[0] for s in fragment.sets} == {
         **{f"endpoints-{p}-a-{k:02}": "integer" for p in ("tcp", "udp", "sctp") for k in range(32)},
+        **{f"clusterip-endpoints-{p}-a": "ipv6_addr" for p in ("tcp", "udp", "sctp")},
         "affinity": "ipv6_addr",
         "service-ips": "ipv6_addr",
         "service-nodeports": "inet_proto",
@@ -333,7 +365,8 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
 
 
 def _lookups(fragment: Fragment) -> list[tuple[str, Any]]:
-    """(set name, the expression looked up in it) for every `@set` a rule uses."""
+    """(set name, the expression looked up in it) for every `@set` a rule
+    uses: matches, verdict maps, a DNAT's data map."""
     found: list[tuple[str, Any]] = []
     for c in fragment.chains:
         for r in c.rules:
@@ -342,7 +375,19 @@ def _lookups(fragment: Fragment) -> list[tuple[str, Any]]:
                     found.append((s["match"]["right"][1:], s["match"]["left"]))
                 if "vmap" in s:
                     found.append((s["vmap"]["data"][1:], s["vmap"]["key"]))
+                if "dnat" in s and isinstance(s["dnat"]["addr"], dict):
+                    lookup = s["dnat"]["addr"]["map"]
+                    found.append((lookup["data"][1:], lookup["key"]))
     return found
+
+
+def _integers(key: Any) -> Any:
+    """A key expression with each `numgen` part as what it is to a set, an
+    integer: a rule's `numgen random mod N` looks up the key part declared
+    `numgen random mod 1`."""
+    if isinstance(key, dict) and "concat" in key:
+        return {"concat": [_integers(part) for part in key["concat"]]}
+    return "integer" if isinstance(key, dict) and "numgen" in key else key
 
 
 @pytest.mark.parametrize("family", [V4, V6], ids=lambda f: f.value)
@@ -358,7 +403,9 @@ def test_every_set_lookup_matches_the_key_its_set_is_declared_by(family: IPFamil
     by_ports = {n for n in declared if is_endpoints_map(n) or n == AFFINITY}
     assert {name for name, _ in lookups} == set(declared) - by_ports
     for name, looked_up in lookups:
-        assert looked_up == typeof_key(declared[name].key), name
+        assert _integers(looked_up) == _integers(typeof_key(declared[name].key)), name
+    assert {name for name, _ in lookups if name.startswith("clusterip-endpoints-")} == {
+        f"clusterip-endpoints-{p}-a" for p in PROTOCOLS}
 
 
 def test_v2_sets_are_declared_by_typeof_on_libnftables_1_1() -> None:
@@ -581,7 +628,7 @@ RENDERER_TESTS = {
     "_endpoints_maps": "test_ipv4_maps_and_sets_are_golden",
     "_affinity_set": "test_ipv4_maps_and_sets_are_golden",
     "_nodeport_address_match": "test_cidr_lists_select_node_ips",
-    "_dispatch_chains": "test_ipv4_skeleton_rules_are_golden",
+    "_lookup_chains": "test_ipv4_skeleton_rules_are_golden",
     "_source_range_rule": "test_every_set_lookup_matches_the_key_its_set_is_declared_by",
     "_hairpin_rules": "test_masquerade_bit_sets_the_mark_everywhere",
     "_helper_chains": "test_tcp_be_liberal_removes_the_conntrack_invalid_drop",

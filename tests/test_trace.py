@@ -64,6 +64,9 @@ _BUILDERS: dict[str, Callable[[IPFamily], list[Any]]] = {
     "concat_proto_dport": lambda f: [expr.vmap(expr.concat_proto_dport(), "m")],
     "ct_state": lambda f: [expr.ct_state("new"), expr.ct_state("established", "related")],
     "dnat": lambda f: [expr.dnat("10.0.0.1" if f is V4 else "fd00::1", 8080)],
+    "dnat_by_destination": lambda f: [
+        expr.dnat_by_destination(f, p, 3, f"clusterip-endpoints-{p.nft}-a") for p in L4Protocol
+    ],
     "dnat_map": lambda f: [expr.dnat_map(f, (1139835961, 7), 3, "endpoints-tcp-a")],
     "drop": lambda f: [expr.drop()],
     "fib_local": lambda f: [expr.fib_local("saddr"), expr.fib_local("daddr")],
@@ -356,10 +359,13 @@ def test_sample_trace_reads_like_kube_proxy(sample: Tables) -> None:
                                "10.244.1.13:8080": Fraction(1, 2)}
     assert {p.service for p in web.paths} == {"demo/web:http"}
     assert all(p.masquerade and "off-cluster" in p.reasons[0] for p in web.paths)
+    # a cluster-IP-only port: the shared chooser stands in for its KUBE-SVC,
+    # which the service-ips element's comment names
     assert web.paths[0].chains == ("KUBE-SVC-XRY76EGRC3BSCIIJ",)
+    assert web.paths[0].chooser == "dispatch-tcp-a-2"
     assert web.paths[0].endpoint is not None
-    # the DNAT is inline in KUBE-SVC; kube-proxy's KUBE-SEP name is in its comment
-    assert web.paths[0].endpoint.chain == "KUBE-SVC-XRY76EGRC3BSCIIJ"
+    # the shared chooser DNATs; kube-proxy's KUBE-SEP name is in the element's comment
+    assert web.paths[0].endpoint.chain == "dispatch-tcp-a-2"
     assert web.paths[0].endpoint.identity == "KUBE-SEP-QRUEL26JRDPVFLID"
 
     hairpin = run(sample, make_packet("10.244.0.11", "10.96.0.10:80", Origin.POD, CONFIG))

@@ -129,13 +129,22 @@ def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(node
     lines = out.splitlines()
     assert lines[0].startswith("tracing 192.168.50.1 -> 10.96.0.53:53/udp in table ip nftproxy")
     assert lines[1].startswith("packet 1 (trace id ")
+    # demo/dns is reached only at its cluster IP: the shared chooser for three
+    # endpoints stands in for its KUBE-SVC, which the service-ips element names
     assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#1"] and
-               "=> goto KUBE-SVC-IXHL676EY46F5RLS" in line for line in lines), out
+               "=> goto dispatch-udp-a-3" in line for line in lines), out
+    assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#1"] and
+               "@service-ips: 10.96.0.53 . udp . 53 : goto dispatch-udp-a-3" in line and
+               line.endswith("(demo/dns:dns KUBE-SVC-IXHL676EY46F5RLS)") for line in lines), out
     assert any("dnat to 10.244." in line and "=> accept" in line for line in lines), out
+    assert any(line.split()[:3] == ["output", "dispatch-udp-a-3", "#2"] and
+               "@clusterip-endpoints-udp-a: 10.96.0.53 . 53 . " in line and
+               "KUBE-SEP-" in line for line in lines), out
     assert any("masquerade fully-random  => accept" in line for line in lines), out
     summary = next(line for line in lines if line.startswith("  packet 1: "))
     assert summary.startswith("  packet 1: accepted, DNAT to 10.244.") and summary.endswith(
         "masqueraded"), summary
+    assert "(KUBE-SEP-" in summary, summary  # the element the shared chooser took
     assert "1 packet(s) traced" in lines
     assert _without_handles(_table(node)) == before
 

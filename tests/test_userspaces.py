@@ -40,7 +40,7 @@ from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import TableState, stage_full
 from nftproxy.core.rules.fragment import Fragment, SetDecl
-from nftproxy.core.rules.skeleton import is_endpoints_map, render_skeleton
+from nftproxy.core.rules.skeleton import generation_of, is_endpoints_map, render_skeleton
 from nftproxy.kernel.fake import FakeBackend
 from nftproxy.kernel.libnftables import NftBackend
 from nftproxy.tools.dry_run import proxier_from_files
@@ -48,6 +48,7 @@ from nftproxy.tools.dry_run import proxier_from_files
 REPO = Path(__file__).resolve().parent.parent
 TRIXIE_ENV = "NFTPROXY_TRIXIE"
 SAMPLE = "nftproxy/examples/cluster.yaml"
+PROTOCOLS = ("tcp", "udp", "sctp")
 THREE = ("ip daddr", "meta l4proto", "th dport")
 CONCAT = {
     "concat": [
@@ -124,11 +125,16 @@ def test_every_set_and_map_of_the_sample_is_declared_by_typeof_on_1_1() -> None:
     assert kinds >= {
         (True, ()), (False, ()), (False, ("interval",)), (False, ("dynamic", "timeout"))}
     assert all(isinstance(d["type"], dict) and "typeof" in d["type"] for d in decls)
-    verdict_maps = [d for d in decls if "map" in d and not is_endpoints_map(d["name"])]
+    # data maps: the endpoints maps' shards, the clusterip-endpoints maps (v7)
+    data_maps = [d for d in decls if "map" in d and generation_of(d["name"]) is not None]
+    verdict_maps = [d for d in decls if "map" in d and generation_of(d["name"]) is None]
     assert verdict_maps and all(d["map"] == {"typeof": {"accept": None}} for d in verdict_maps)
-    endpoints = [d for d in decls if is_endpoints_map(d["name"])]
+    assert all("typeof" in d["map"] for d in data_maps)
+    endpoints = [d for d in data_maps if is_endpoints_map(d["name"])]
     # 3 protocols x 32 shards a family
-    assert len(endpoints) == 2 * 96 and all("typeof" in d["map"] for d in endpoints)
+    assert len(endpoints) == 2 * 96
+    clusterip = [d["name"] for d in data_maps if not is_endpoints_map(d["name"])]
+    assert sorted(clusterip) == sorted(2 * [f"clusterip-endpoints-{p}-a" for p in PROTOCOLS])
 
 
 # --- the planner in each dialect --------------------------------------------

@@ -8,7 +8,8 @@ has under the configured local-traffic detector); get the tables, either
 from a backend (the live tables, as `nftproxy dump` reads them) or from
 manifests (`planned_tables`: the transaction `sync --dry-run` would commit,
 applied to an in-memory FakeBackend and listed back: no root, no kernel);
-and print the trace: the service port with its KUBE-FW/EXT/SVC/SVL names,
+and print the trace: the service port with its KUBE-FW/EXT/SVC/SVL names
+(and the shared chooser that stands in for its KUBE-SVC/SVL, ruleset v7),
 a summary line per path (probability, endpoint and its KUBE-SEP-<h> --
 kube-proxy's names, which ruleset v2 keeps in comments -- masquerade or not
 and why, or the drop / reject and why), then every hook, chain and rule on
@@ -202,15 +203,19 @@ def render_text(result: Trace) -> str:
 
 def _services(paths: Sequence[Path]) -> list[str]:
     """Per service port, kube-proxy's chain names in the order a packet
-    meets them (KUBE-FW-<h>: the source-range check, then the chains)."""
-    seen: dict[str, list[str]] = {}
+    meets them (KUBE-FW-<h>: the source-range check, then the chains), and
+    the shared chooser that stood in for its KUBE-SVC/SVL (ruleset v7)."""
+    seen: dict[str, tuple[list[str], list[str]]] = {}
     for p in paths:
         if p.service:
-            chains = seen.setdefault(p.service, [])
+            chains, shared = seen.setdefault(p.service, ([], []))
             named = (p.firewall, *p.chains) if p.firewall else p.chains
             chains += [c for c in named if c not in chains]
+            shared += [p.chooser] if p.chooser and p.chooser not in shared else []
     return [
-        f"  service {s}: {' -> '.join(c) if c else 'no service chain'}" for s, c in seen.items()
+        f"  service {s}: {' -> '.join(c) if c else 'no service chain'}"
+        + "".join(f" (shared chooser {d})" for d in shared)
+        for s, (c, shared) in seen.items()
     ] or ["  no service matched"]
 
 

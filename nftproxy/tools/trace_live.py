@@ -4,7 +4,10 @@ Layer: tools (below cli; talks to nftables through the Backend seam and runs
 `nft -a monitor trace` as a subprocess). One job: for the next N packets (or
 T seconds) of one 5-tuple, print what the kernel did with them, rule by
 rule, as `nftproxy trace` prints a prediction -- hook, chain, rule number,
-the rule in nft syntax -- and per packet the outcome (accepted, DNAT target,
+the rule in nft syntax, the element of a named verdict map that sent it on
+(its comment names the service port, and for a shared chooser the
+KUBE-SVC/SVL-<h> it stands for) and the endpoints map element that DNATed
+it (its KUBE-SEP-<h>) -- and per packet the outcome (accepted, DNAT target,
 masqueraded; or dropped / rejected).
 
 How: two temporary base chains in nftproxy's table, `trace-<pid>-prerouting`
@@ -31,7 +34,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from ipaddress import ip_address
 from types import FrameType
 from typing import Any, TextIO
@@ -39,10 +42,10 @@ from typing import Any, TextIO
 from nftproxy.core.address import format_address
 from nftproxy.core.nft.errors import NftError, NftNotFound
 from nftproxy.core.nft.seam import Backend
-from nftproxy.core.trace import Packet, Ruleset, Unsupported
+from nftproxy.core.trace import Host, NeedsInput, Packet, Ruleset, Unsupported
 from nftproxy.core.trace import syntax as sx
-from nftproxy.core.trace.evaluate import dnat_element
-from nftproxy.core.trace.flow import Step
+from nftproxy.core.trace.evaluate import dnat_element, lookup
+from nftproxy.core.trace.flow import Flow, Step
 from nftproxy.core.trace.identity import ENDPOINT, identity
 from nftproxy.core.trace.ruleset import Rule
 from nftproxy.core.trace.values import value_text
@@ -153,9 +156,12 @@ class _Packet:
     dnat: str = ""
     masquerade: bool = False
     end: str = ""
-    chooser: tuple[Rule, sx.DnatMap] | None = None
-    """A `dnat ... map` that accepted: its element is known from the
-    packet's next headers (the next base chain's `packet:` line)."""
+    headers: str = ""
+    """The packet as the running base chain saw it (its `packet:` line)."""
+    chooser: tuple[Rule, sx.DnatMap, str] | None = None
+    """A `dnat ... map` that accepted, with the headers it saw: its element
+    is known from the packet's next headers (the next base chain's
+    `packet:` line)."""
 
 
 @dataclass
@@ -261,6 +267,7 @@ class LiveTrace:
         if base is not None and base.base is not None:
             pk.hook = base.base.hook
         if event.kind == "packet":
+            pk.headers = event.text
             self.out.write(f"    {pk.hook:<11} {event.chain:<34} packet: {event.text}\n")
             return
         rule = self._rule(event) if ours else None
@@ -272,22 +279,55 @@ class LiveTrace:
         self.out.write(Step(pk.hook, chain, rule.index if rule else 0, text + verdict).line())
         self.out.write("\n")
         if rule is not None:
+            self._element(pk, rule, event.verdict)
             _record(pk, rule, event.verdict)
         if event.verdict == "drop":
             where = f"{chain} #{rule.index}" if rule else f"{chain} ({event.kind})"
             pk.end = pk.end or f"dropped by {where}"
 
+    def _element(self, pk: _Packet, rule: Rule, verdict: str) -> None:
+        """The element of a named verdict map that gave the rule's verdict
+        (printed as `nftproxy trace` prints it, with its comment: the
+        service port, and the KUBE-SVC/SVL-<h> of a shared chooser)."""
+        if not verdict.startswith(("jump ", "goto ")) or self._rs is None:
+            return
+        for statement in rule.statements:
+            if not isinstance(statement, sx.Vmap) or not isinstance(statement.data, sx.SetRef):
+                continue
+            try:
+                outcomes = lookup(statement, self._flow(pk.headers), self._rs)
+            except (Unsupported, NeedsInput, ValueError):
+                continue
+            for o in outcomes:
+                if o.element is None or o.key is None or str(o.verdict) != verdict:
+                    continue
+                key = value_text(o.key, sx.kinds_of(statement.key))
+                text = f"{statement.data}: {key} : {verdict}"
+                step = Step(pk.hook, rule.chain, rule.index, text, o.element.comment or "")
+                self.out.write(step.line() + "\n")
+                return
+
+    def _flow(self, headers: str) -> Flow:
+        """The traced packet as `headers` (a `packet:` line) show it: its
+        destination after any DNAT so far."""
+        addr, port = _DADDR.search(headers), _DPORT.search(headers)
+        packet = self.packet
+        if addr is not None and port is not None:
+            packet = replace(packet, dst=addr["addr"], dport=int(port["port"]))
+        return Flow.start(packet, Host.of(()))
+
     def _chosen(self, pk: _Packet, headers: str) -> None:
         """The endpoints map element the chooser took, from where the packet
         goes now (printed as `nftproxy trace` prints it)."""
         assert pk.chooser is not None
-        (rule, statement), pk.chooser = pk.chooser, None
+        (rule, statement, seen), pk.chooser = pk.chooser, None
         addr, port = _DADDR.search(headers), _DPORT.search(headers)
         if addr is None or port is None or self._rs is None:
             return
         try:
-            found = dnat_element(statement, self._rs, ip_address(addr["addr"]), int(port["port"]))
-        except (Unsupported, ValueError):
+            to = ip_address(addr["addr"])
+            found = dnat_element(statement, self._rs, to, int(port["port"]), self._flow(seen))
+        except (Unsupported, NeedsInput, ValueError):
             return
         if found is None:
             return
@@ -358,7 +398,7 @@ def _record(pk: _Packet, rule: Rule, verdict: str) -> None:
             pk.dnat = f"{str(statement).removeprefix('dnat to ')} ({name})"
         elif isinstance(statement, sx.DnatMap) and verdict == "accept":
             pk.dnat = f"an element of @{statement.map} ({rule.chain})"
-            pk.chooser = (rule, statement)
+            pk.chooser = (rule, statement, pk.headers)
         elif isinstance(statement, sx.Masquerade) and verdict == "accept":
             pk.masquerade = True
         elif isinstance(statement, sx.Reject):

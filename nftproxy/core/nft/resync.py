@@ -8,13 +8,16 @@ transactions:
 
   0  the skeleton: `add table`; its chains written (flushed first if
      listed); its sets and maps that are not listed added EMPTY -- among
-     them the endpoints maps of the generation the table does not use
-     (rules/skeleton.py GENERATIONS), the hairpin sets a table of ruleset
+     them the endpoints and clusterip-endpoints maps of the generation the
+     table does not use (rules/skeleton.py GENERATIONS), with that
+     generation's shared choosers (rules/dispatch.py: no element points at
+     them before the final step), the hairpin sets a table of ruleset
      v5 lacks, and the shared affinity set where a table of ruleset v3
      lacks it
   1..k  per chunk of service ports: each owner's chains written (flushed
      first if listed), and its elements of the new generation's endpoints
-     maps, which its rewritten choosers pick from, and of its hairpin set
+     and clusterip-endpoints maps, which its rewritten choosers and the new
+     shared choosers pick from, and of its hairpin set
      (KUBE-POSTROUTING looks up every generation's). No other shared-set
      element yet.
   final  every other desired non-dynamic set and map flushed (if listed) and
@@ -67,8 +70,8 @@ from nftproxy.core.nft.plan import (
 from nftproxy.core.rules.fragment import Fragment, SetDecl
 from nftproxy.core.rules.names import is_affinity_set
 from nftproxy.core.rules.skeleton import (
+    chain_generation,
     generation_of,
-    is_endpoints_map,
     is_unsharded_endpoints_map,
 )
 
@@ -77,11 +80,12 @@ __all__ = ["ResyncPlan", "resyncable"]
 
 def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
     """Whether a listed table can be resynced in steps: it has the skeleton's
-    layout -- every skeleton chain and set listed, the sets with the same
-    declaration, each listed base chain a skeleton chain with the same hook,
-    and no other listed set but the leftovers of older rulesets that only
-    service chains use (`_leftover`: the final step deletes them). Service
-    ports declare no sets.
+    layout -- every skeleton chain and set listed (but those of another
+    generation: the step adds them), the sets with the same declaration,
+    each listed base chain a skeleton chain with the same hook, and no other
+    listed set but the leftovers of older rulesets that only service chains
+    use (`_leftover`: the final step deletes them). Service ports declare
+    no sets.
 
     A table of another layout (a rollback or upgrade across ruleset versions:
     ruleset v1's `firewall-ips` vmap, or v2's `firewall-vips` missing) is
@@ -99,7 +103,7 @@ def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
     if any(n not in skeleton_sets and not _leftover(n) for n in listing.sets):
         return False
     hooks = {c.name: c.hook for c in skeleton.chains}
-    if any(name not in listing.chains for name in hooks):
+    if any(n not in listing.chains and chain_generation(n) is None for n in hooks):
         return False
     for name, hook in listing.chains.items():
         if (hooks[name] != hook) if name in hooks else (hook is not None):
@@ -109,10 +113,14 @@ def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
 
 def _leftover(name: str) -> bool:
     """A listed set the steps may leave to the final step's deletes: another
-    generation's endpoints map, or a set of an older ruleset that only
-    service chains use (v3's per-endpoint affinity sets, v3/v4's unsharded
-    endpoints maps)."""
-    return is_endpoints_map(name) or is_affinity_set(name) or is_unsharded_endpoints_map(name)
+    generation's endpoints or clusterip-endpoints map, or a set of an older
+    ruleset that only service chains use (v3's per-endpoint affinity sets,
+    v3/v4's unsharded endpoints maps)."""
+    return (
+        generation_of(name) is not None
+        or is_affinity_set(name)
+        or is_unsharded_endpoints_map(name)
+    )
 
 
 def _added_in_steps(decl: SetDecl) -> bool:

@@ -17,7 +17,7 @@ from nftproxy.core.model import IPFamily, NodeInfo, family_of
 from nftproxy.core.rules import expr
 from nftproxy.core.rules.fragment import Json
 
-__all__ = ["LocalDetector", "local_detector"]
+__all__ = ["LocalDetector", "local_detector", "masquerade_source"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +54,14 @@ def local_detector(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> Loc
         return _iface_detector(config.bridge_interface)
     prefix = config.interface_name_prefix
     return _iface_detector(prefix + "*" if prefix else "")
+
+
+def masquerade_source(
+    config: ProxyConfig, detector: LocalDetector | None
+) -> tuple[Json, ...] | None:
+    """What marks traffic to a cluster IP for masquerade: every source with
+    masqueradeAll (()), else sources the detector does not take for pods;
+    None: no detector, no rule (kube-proxy)."""
+    if config.masquerade_all:
+        return ()
+    return None if detector is None else detector.if_not_local

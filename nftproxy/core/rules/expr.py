@@ -23,6 +23,7 @@ __all__ = [
     "concat_proto_dport",
     "ct_state",
     "dnat",
+    "dnat_by_destination",
     "dnat_map",
     "drop",
     "fib_local",
@@ -194,6 +195,15 @@ def dnat_map(family: IPFamily, fixed: tuple[int, int], count: int, map_name: str
     0..N-1 (`numgen ... mod 1 offset F` is the constant F: nft takes no
     literal in a concatenated lookup key)."""
     parts = [_constant(f) for f in fixed]
+    parts.append({"numgen": {"mode": "random", "mod": count}})
+    lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
+    return {"dnat": {"family": _ip(family), "addr": lookup}}
+
+
+def dnat_by_destination(family: IPFamily, protocol: L4Protocol, count: int, map_name: str) -> Json:
+    """`dnat ip to ip daddr . P dport . numgen random mod N map @m`: the key
+    is (destination, port, i), i uniform over 0..N-1."""
+    parts = [payload(family, "daddr"), _payload(protocol.nft, "dport")]
     parts.append({"numgen": {"mode": "random", "mod": count}})
     lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
     return {"dnat": {"family": _ip(family), "addr": lookup}}

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import Endpoint, IPFamily, NodeInfo, ServicePort
-from nftproxy.core.rules import expr, names
+from nftproxy.core.rules import dispatch, expr, names
 from nftproxy.core.rules import skeleton as sk
-from nftproxy.core.rules.detect import LocalDetector
+from nftproxy.core.rules.detect import LocalDetector, masquerade_source
 from nftproxy.core.rules.fragment import (
     Chain,
     Element,
@@ -88,6 +88,18 @@ class PortPlan:
         )
 
     @property
+    def shared_chooser(self) -> tuple[Endpoint, ...] | None:
+        """The endpoints the cluster IP's shared chooser picks from
+        (rules/dispatch.py), None when the port needs chains of its own: it
+        has external destinations or ClientIP affinity, its cluster IP has
+        no endpoint to go to, or more than DISPATCH_MAX."""
+        port = self.port
+        if port.affinity or port.externally_accessible or not self.has_internal:
+            return None
+        eps = self.cats.local if port.internal_policy_local else self.cats.cluster
+        return eps if 0 < len(eps) <= dispatch.DISPATCH_MAX else None
+
+    @property
     def internal_verdict(self) -> Verdict:
         """What traffic to the cluster IP gets when has_internal is False."""
         return REJECT if not self.cats.has_any else DROP
@@ -126,11 +138,17 @@ def _key(ip: str, port: ServicePort, number: int) -> tuple[str, str, int]:
     return (ip, port.protocol.nft, number)
 
 
-def _cluster_ip_elements(p: PortPlan) -> list[Element]:
+def _cluster_ip_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
     port, label = p.port, str(p.port.name)
     key = _key(port.cluster_ip, port, port.port)
     out = [Element(sk.CLUSTER_IPS, (port.cluster_ip,))]
-    if p.has_internal:
+    shared = p.shared_chooser
+    if shared is not None:
+        chooser = dispatch.dispatch_chain(port.protocol, ctx.generation, len(shared))
+        comment = names.tagged(label, p.internal_chain)
+        out.append(Element(sk.SERVICE_IPS, key, Verdict("goto", chooser), comment))
+        out += _shared_elements(p, shared, ctx)
+    elif p.has_internal:
         out.append(Element(sk.SERVICE_IPS, key, Verdict("goto", p.internal_chain), label))
     else:
         out.append(Element(sk.NO_ENDPOINT_SERVICES, key, p.internal_verdict, label))
@@ -165,15 +183,27 @@ def _nodeport_elements(p: PortPlan) -> list[Element]:
     return out
 
 
+def _shared_elements(
+    p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderContext
+) -> list[Element]:
+    """The elements (cluster IP, port, i) -> endpoint i that the shared
+    chooser of len(endpoints) picks from (each named by its KUBE-SEP
+    identity in the comment)."""
+    port = p.port
+    map_name = dispatch.clusterip_endpoints_map(port.protocol, ctx.generation)
+    return [
+        Element(map_name, (port.cluster_ip, port.port, i), Target(ep.ip, ep.port), c)
+        for i, ep in enumerate(endpoints)
+        for c in (_endpoint_comment(p, ep),)
+    ]
+
+
 def _masquerade_rule(p: PortPlan, ctx: RenderContext) -> list[Rule]:
     """Mark off-cluster traffic to the cluster IP (or all of it with
     masqueradeAll); no detector and no masqueradeAll -> no rule (kube-proxy)."""
     port = p.port
-    if ctx.config.masquerade_all:
-        source: tuple[Json, ...] = ()
-    elif ctx.detector is not None:
-        source = ctx.detector.if_not_local
-    else:
+    source = masquerade_source(ctx.config, ctx.detector)
+    if source is None:
         return []
     dst = (
         expr.addr_match(ctx.family, "daddr", (port.cluster_ip,)),
@@ -338,11 +368,11 @@ def render_service_port(
 ) -> RenderedPort:
     """The whole fragment of one service port in ctx.family's table."""
     p = plan_port(port, endpoints, ctx)
-    policy, picked = _policy_chains(p, ctx)
+    policy, picked = ([], []) if p.shared_chooser is not None else _policy_chains(p, ctx)
     chains = (*policy, *_external_chain(p, ctx))
     elements = (
         *picked,
-        *_cluster_ip_elements(p),
+        *_cluster_ip_elements(p, ctx),
         *_external_elements(p),
         *_nodeport_elements(p),
         *_firewall_elements(p, ctx),

@@ -21,8 +21,24 @@ import ipaddress
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, L4Protocol, NodeInfo
-from nftproxy.core.rules import expr
+from nftproxy.core.rules import dispatch, expr
+from nftproxy.core.rules.detect import local_detector, masquerade_source
 from nftproxy.core.rules.fragment import NUMGEN_KEY, BaseHook, Chain, Fragment, Json, Rule, SetDecl
+from nftproxy.core.rules.generations import (
+    ENDPOINTS,
+    ENDPOINTS_SHARDS,
+    GENERATIONS,
+    HAIRPIN_ENDPOINTS,
+    chain_generation,
+    endpoints_generation,
+    endpoints_map,
+    endpoints_shard,
+    generation_of,
+    hairpin_set,
+    is_endpoints_map,
+    is_hairpin_set,
+    is_unsharded_endpoints_map,
+)
 
 __all__ = [
     "AFFINITY",
@@ -51,6 +67,7 @@ __all__ = [
     "SERVICE_NODEPORTS",
     "addr_key",
     "addr_type",
+    "chain_generation",
     "endpoints_generation",
     "endpoints_map",
     "endpoints_shard",
@@ -79,103 +96,20 @@ NO_ENDPOINT_SERVICES = "no-endpoint-services"
 NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
 FIREWALL_VIPS = "firewall-vips"
 FIREWALL_ALLOW = "firewall-allow"
-HAIRPIN_ENDPOINTS = "hairpin-endpoints"
 CLUSTER_IPS = "cluster-ips"
 NODEPORT_IPS = "nodeport-ips"
 SERVICE_CIDRS = "service-cidrs"
-ENDPOINTS = "endpoints"
 AFFINITY = "affinity"
 AFFINITY_SIZE = 1 << 20
 """Clients x endpoints the shared affinity set can remember at once (nft's
 default for a dynamic set is 65,535, which kube-proxy's one set per endpoint
 gave each endpoint; the kernel allocates per element, not by this size)."""
-GENERATIONS = ("a", "b", "c")
-"""The endpoints maps and the hairpin sets come in generations: a full sync
-over an existing table (core/nft/resync.py) fills one the table does not
-hold, chunk by chunk, so a chain and the elements it picks from are always
-written in the same transaction, and no transaction carries every hairpin
-element. Three, so that one is free after a resync cut short."""
-
 _PROTO_PORT = ("meta l4proto", "th dport")
 _LOOPBACK = {IPFamily.IPV4: "127.0.0.0/8", IPFamily.IPV6: "::1/128"}
 
 
 def addr_type(family: IPFamily) -> str:
     return "ipv4_addr" if family is IPFamily.IPV4 else "ipv6_addr"
-
-
-ENDPOINTS_SHARDS = 32
-"""Each protocol's endpoints map comes in this many shards, a chain's by its
-key (`endpoints_shard`): when a commit adds a rule that looks up a data map
-from a chain that does not look it up yet (a new chooser), the kernel walks
-every element of that map (nf_tables_bind_set), ~0.25 us each: 25 ms of
-adding one service at 10,000 x 10 with one map of 100,000 elements, under
-1 ms with a shard's ~3,000 (bench/RESULTS.md, fourth pass)."""
-
-
-def endpoints_shard(fixed: tuple[int, int]) -> int:
-    """The shard of the endpoints map that holds a chooser's elements, by
-    its key (names.endpoints_key: uniform)."""
-    return fixed[0] % ENDPOINTS_SHARDS
-
-
-def endpoints_map(protocol: L4Protocol, generation: str, shard: int) -> str:
-    """endpoints-tcp-a-07: one map per protocol (libnftables 1.0.6's JSON
-    refuses a rule whose protocol differs from the map's `tcp dport`),
-    generation and shard."""
-    return f"{ENDPOINTS}-{protocol.nft}-{generation}-{shard:02}"
-
-
-_GENERATION_OF = {
-    endpoints_map(p, g, k): g
-    for p in L4Protocol
-    for g in GENERATIONS
-    for k in range(ENDPOINTS_SHARDS)
-}
-
-
-def endpoints_generation(name: str) -> str | None:
-    """The generation of endpoints map `name` (None: not one)."""
-    return _GENERATION_OF.get(name)
-
-
-def is_endpoints_map(name: str) -> bool:
-    return name in _GENERATION_OF
-
-
-def hairpin_set(generation: str) -> str:
-    """The hairpin set a generation's elements go to: hairpin-endpoints
-    (generation a, the name of rulesets v2-v5), hairpin-endpoints-b, -c.
-    KUBE-POSTROUTING looks up all three, so a resync in steps fills a new
-    one while the old one still serves, and its final step flushes the old
-    one: no step carries every endpoint's element (core/nft/resync.py)."""
-    if generation == GENERATIONS[0]:
-        return HAIRPIN_ENDPOINTS
-    return f"{HAIRPIN_ENDPOINTS}-{generation}"
-
-
-_FILLED_IN_STEPS = {**_GENERATION_OF, **{hairpin_set(g): g for g in GENERATIONS}}
-
-
-def generation_of(name: str) -> str | None:
-    """The generation of a set that comes in generations (an endpoints map,
-    a hairpin set), None for any other: the sets a resync in steps fills
-    chunk by chunk."""
-    return _FILLED_IN_STEPS.get(name)
-
-
-def is_hairpin_set(name: str) -> bool:
-    return generation_of(name) is not None and not is_endpoints_map(name)
-
-
-_UNSHARDED = frozenset(f"{ENDPOINTS}-{p.nft}-{g}" for p in L4Protocol for g in GENERATIONS)
-
-
-def is_unsharded_endpoints_map(name: str) -> bool:
-    """Whether `name` is an endpoints map of rulesets v3 and v4 (one per
-    protocol and generation, endpoints-tcp-a): a listed leftover that the
-    resync deletes once no chain picks from it."""
-    return name in _UNSHARDED
 
 
 def _endpoints_maps(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
@@ -270,7 +204,7 @@ def _nodeport_address_match(family: IPFamily, config: ProxyConfig) -> tuple[Json
     return (expr.set_lookup(family, "daddr", NODEPORT_IPS),)
 
 
-def _dispatch_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
+def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
     daddr_key = expr.concat_daddr_proto_dport(family)
     nodeport_dst = _nodeport_address_match(family, config)
     return (
@@ -473,11 +407,19 @@ def render_skeleton(
     generation: str = GENERATIONS[0],
 ) -> Fragment:
     """The skeleton of `family`'s table; `service_cidrs` are this family's;
-    `generation` names its endpoints maps."""
-    chains = (*_base_chains(), *_dispatch_chains(family, config), *_helper_chains(family, config))
+    `generation` names its endpoints maps and shared choosers."""
+    source = masquerade_source(config, local_detector(family, config, node))
+    masq = () if source is None else (_rule(*source, expr.jump(MARK_MASQ), comment="cluster IP"),)
+    chains = (
+        *_base_chains(),
+        *_lookup_chains(family, config),
+        *_helper_chains(family, config),
+        *dispatch.dispatch_chains(family, generation, masq),
+    )
     sets = (
         *_maps_and_sets(family, config, node, service_cidrs),
         *_endpoints_maps(family, generation),
+        *dispatch.dispatch_maps(family, generation),
         _affinity_set(family),
     )
     return Fragment(family, chains, sets)

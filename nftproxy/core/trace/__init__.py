@@ -8,8 +8,9 @@ Modules, bottom up: values (literals and patterns), expressions, syntax
 (statements),
 ruleset (the table), packet (inputs), flow (one branch's state), evaluate
 (expressions, matches, lookups), walk (chains), hooks (the way through
-netfilter), identity (kube-proxy's KUBE-SEP / KUBE-FW names, kept in
-comments), explain (kube-proxy's words), result (output values).
+netfilter), identity (kube-proxy's KUBE-SEP / KUBE-FW names, and the
+KUBE-SVC / KUBE-SVL a shared chooser stands in for, kept in comments),
+explain (kube-proxy's words), result (output values).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ dport` of a UDP packet) matches nothing, as the implicit protocol
 dependency nft adds. A field the trace was not told (the source port, the
 input interface) raises `NeedsInput` instead of guessing. `dnat_element`
 answers the other way round for the live trace: which element of a `dnat
-... map` sent a packet where it was seen going.
+... map` sent a packet where it was seen going (given the packet the rule
+saw, for a key with its destination).
 """
 
 from __future__ import annotations
@@ -200,20 +201,33 @@ def lookup(statement: sx.Vmap | sx.DnatMap, flow: Flow, ruleset: Ruleset) -> lis
 
 
 def dnat_element(
-    statement: sx.DnatMap, ruleset: Ruleset, addr: Address, port: int
+    statement: sx.DnatMap, ruleset: Ruleset, addr: Address, port: int, before: Flow | None = None
 ) -> tuple[Value, Element] | None:
     """The key and element of `statement`'s map that DNAT to `addr`:`port`
-    (None if none can): the key must be numgens only, whose values are
-    known without the packet."""
+    (None if none can): the key's numgens range over their values; its
+    other parts (the destination, in a shared chooser's `ip daddr . tcp
+    dport . numgen random mod N`) are `before`'s, the packet the rule saw
+    (None: a key of numgens only)."""
     parts = statement.key.parts if isinstance(statement.key, sx.Concat) else (statement.key,)
-    if not all(isinstance(p, sx.Numgen) for p in parts):
-        return None
+    choices: list[list[Value | None]] = []
+    for part in parts:
+        if isinstance(part, sx.Numgen):
+            choices.append(list(range(part.offset, part.offset + part.mod)))
+        elif before is None:
+            return None
+        else:
+            choices.append([v for v, _ in evaluate(part, before)])
     kinds = sx.kinds_of(statement.key)
-    found = [e for e in ruleset.elements(statement.map, kinds, targets=True)
-             if e.target is not None and e.target[0] == addr and e.target[1] in (None, port)]
-    ranges = [range(p.offset, p.offset + p.mod) for p in parts if isinstance(p, sx.Numgen)]
-    for combo in itertools.product(*ranges):
-        value = combo if isinstance(statement.key, sx.Concat) else combo[0]
+    found = [
+        e
+        for e in ruleset.elements(statement.map, kinds, targets=True)
+        if e.target is not None and e.target[0] == addr and e.target[1] in (None, port)
+    ]
+    for combo in itertools.product(*choices):
+        known = [v for v in combo if v is not None]
+        if len(known) < len(combo):
+            continue
+        value = tuple(known) if isinstance(statement.key, sx.Concat) else known[0]
         hit = next((e for e in found if matches(e.pattern, value)), None)
         if hit is not None:
             return value, hit

@@ -7,9 +7,11 @@ the sets they look up:
 - masquerade: the rule that set the mark -- the hairpin rule of
   KUBE-POSTROUTING (its `hairpin-endpoints[-b|-c]` lookups: the client is the
   endpoint), or the rule that jumped to the marking chain: a KUBE-SVC/SVL
-  cluster-IP rule with a source condition (off-cluster source) or without
-  one (masqueradeAll), a KUBE-EXT rule (externalTrafficPolicy=Cluster, or
-  the node's own traffic to a Local one);
+  cluster-IP rule, or the one of a shared chooser (ruleset v7's
+  `dispatch-<p>-<g>-<N>`, which stands in for them), with a source
+  condition (off-cluster source) or without one (masqueradeAll), a KUBE-EXT
+  rule (externalTrafficPolicy=Cluster, or the node's own traffic to a Local
+  one);
 - drop / reject: the `firewall-allow` rule of KUBE-FIREWALL-CHECK
   (loadBalancerSourceRanges), an element of a no-endpoint map (no
   endpoints -> reject; Local policy without a local endpoint -> drop), the
@@ -18,7 +20,10 @@ the sets they look up:
 kube-proxy's names that are no chains in ruleset v2 come from comments
 (identity.py): the endpoint's KUBE-SEP-<h> from the comment of the
 endpoints map's element (or of the cascade rule) that DNATed, the port's
-KUBE-FW-<h> from the `firewall-vips` element matched.
+KUBE-FW-<h> from the `firewall-vips` element matched, and for a port whose
+cluster IP goes to a shared chooser its KUBE-SVC/SVL-<h> from the comment
+of the `service-ips` element (the path names it among its chains, and the
+dispatch chain as its `chooser`).
 Anything else is named by its chain and rule, never guessed.
 """
 
@@ -28,7 +33,7 @@ from nftproxy.core.address import format_address
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.trace import syntax as sx
 from nftproxy.core.trace.flow import Affinity, ElementHit, Flow, Where
-from nftproxy.core.trace.identity import ENDPOINT, FIREWALL, identity, split
+from nftproxy.core.trace.identity import ENDPOINT, FIREWALL, chooser, identity, split
 from nftproxy.core.trace.result import Endpoint, Path
 from nftproxy.core.trace.ruleset import Rule, Ruleset
 from nftproxy.core.trace.values import Kind, matches, protocol_name
@@ -40,7 +45,8 @@ _NO_ENDPOINT_MAPS = (sk.NO_ENDPOINT_SERVICES, sk.NO_ENDPOINT_NODEPORTS)
 
 
 def explain(flow: Flow, rs: Ruleset) -> Path:
-    chains = _service_chains(flow)
+    shared = _shared_choosers(flow)
+    chains = _service_chains(flow, shared)
     firewall = next((e for e in flow.elements if e.set == sk.FIREWALL_VIPS), None)
     endpoint = None
     if flow.dnat is not None:
@@ -69,6 +75,7 @@ def explain(flow: Flow, rs: Ruleset) -> Path:
         affinity=_affinity(flow.affinity, str(flow.saddr)),
         reject_with=flow.reject_with,
         steps=flow.steps,
+        chooser=next(iter(shared), ""),
     )
 
 
@@ -77,17 +84,34 @@ def _service(flow: Flow, firewall: ElementHit | None) -> str:
     by the source ranges), the one of the `firewall-vips` element."""
     named = next((e.comment for e in flow.elements if e.verdict and e.comment), None)
     if named is None and firewall is not None:
-        named = split(firewall.comment)[1]
-    return named or ""
+        named = firewall.comment
+    return split(named)[1]
 
 
-def _service_chains(flow: Flow) -> tuple[str, ...]:
+def _shared_choosers(flow: Flow) -> dict[str, str]:
+    """Shared choosers entered (ruleset v7), each with the KUBE-SVC/SVL-<h>
+    its map element's comment says it stands for."""
+    out: dict[str, str] = {}
+    for e in flow.elements:
+        target = e.verdict.split()[-1] if e.verdict else ""
+        if _is_shared_chooser(target) and chooser(e.comment):
+            out.setdefault(target, chooser(e.comment))
+    return out
+
+
+def _is_shared_chooser(chain: str) -> bool:
+    return sk.chain_generation(chain) is not None
+
+
+def _service_chains(flow: Flow, shared: dict[str, str]) -> tuple[str, ...]:
     """KUBE-EXT/SVC/SVL chains entered, in order (a chain whose rules
-    all let the packet pass shows only as the target of a map element)."""
+    all let the packet pass shows only as the target of a map element; a
+    shared chooser as the KUBE-SVC/SVL-<h> it stands for)."""
     entered = [e.verdict.split()[-1] for e in flow.elements if e.verdict]
     entered += [s.chain for s in flow.steps]
     ordered = sorted(set(entered), key=lambda c: min(_first_seen(flow, c)))
-    return tuple(c for c in ordered if c.startswith(_SERVICE_CHAINS))
+    named = (shared.get(c, c) for c in ordered)
+    return tuple(c for c in named if c.startswith(_SERVICE_CHAINS))
 
 
 def _first_seen(flow: Flow, chain: str) -> list[int]:
@@ -137,7 +161,7 @@ def _mark_reason(caller: Rule | None, marking: Rule | None, at: Where) -> str:
     if caller is None:
         return f"marked for masquerade by {at.chain}/rule {at.rule}"
     chain = caller.chain
-    if chain.startswith(("KUBE-SVC-", "KUBE-SVL-")):
+    if chain.startswith(("KUBE-SVC-", "KUBE-SVL-")) or _is_shared_chooser(chain):
         if any(_is_source_match(m) for m in _matches(caller)):
             return "off-cluster source to a cluster IP (not from a pod on this node)"
         return "masqueradeAll: all traffic to the cluster IP is masqueraded"

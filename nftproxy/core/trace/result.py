@@ -2,7 +2,8 @@
 
 Layer: core/trace (pure). One job: the trace's output vocabulary -- per
 path its probability, the verdict (accept / drop / reject) and where an
-accepted packet went, the service port, its KUBE-SVC/SVL/EXT chains and the
+accepted packet went, the service port, its KUBE-SVC/SVL/EXT chains (and
+the shared chooser that stands in for its KUBE-SVC/SVL, ruleset v7) and the
 KUBE-FW-<h> of its source-range check, the endpoint (DNAT target, the chain
 that DNATed and the endpoint's KUBE-SEP-<h>), whether it is masqueraded,
 the reasons, the affinity note, and every step on the way -- and their JSON
@@ -28,9 +29,9 @@ __all__ = ["Endpoint", "Path", "Trace"]
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """The DNAT target of a path, the chain whose rule DNATed (KUBE-SVC /
-    KUBE-SVL), and the endpoint's kube-proxy name KUBE-SEP-<h> from the
-    comment of that rule, or of the endpoints map's element it DNATed by
-    ("" when the comment has none)."""
+    KUBE-SVL, or a shared chooser `dispatch-...`), and the endpoint's
+    kube-proxy name KUBE-SEP-<h> from the comment of that rule, or of the
+    endpoints map's element it DNATed by ("" when the comment has none)."""
 
     address: str
     port: int | None
@@ -54,7 +55,8 @@ class Path:
     service: str
     """The service port ("ns/name:port") of the map element that matched, or ""."""
     chains: tuple[str, ...]
-    """The service's chains on the way (KUBE-EXT/SVC/SVL), in order."""
+    """The service's chains on the way (KUBE-EXT/SVC/SVL), in order; a
+    shared chooser (`chooser`) as the KUBE-SVC/SVL-<h> it stands for."""
     endpoint: Endpoint | None
     masquerade: bool
     reasons: tuple[str, ...]
@@ -65,6 +67,10 @@ class Path:
     firewall: str = ""
     """KUBE-FW-<h> of the port whose loadBalancerSourceRanges checked the
     packet (a `firewall-vips` element matched), allowed or dropped; or ""."""
+    chooser: str = ""
+    """The shared chooser the cluster IP went to (ruleset v7:
+    `dispatch-<proto>-<g>-<N>`, for a port without a KUBE-SVC/SVL chain of
+    its own), or ""."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +82,7 @@ class Path:
             "service": self.service,
             "chains": list(self.chains),
             "firewall": self.firewall,
+            "chooser": self.chooser,
             "endpoint": None if self.endpoint is None else _endpoint_json(self.endpoint),
             "masquerade": self.masquerade,
             "reasons": list(self.reasons),

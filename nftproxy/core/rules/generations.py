@@ -1,0 +1,128 @@
+"""Names of the objects that come in generations, and their shards.
+
+Layer: rules (pure). One job: name the sets, maps and chains a full sync in
+steps (core/nft/resync.py) fills for a generation the table does not hold --
+the endpoints maps (sharded), the clusterip-endpoints maps and shared
+choosers (rules/dispatch.py), the hairpin sets -- and tell a listed name's
+generation. rules/skeleton.py declares them (and re-exports these names).
+"""
+
+from __future__ import annotations
+
+from nftproxy.core.model import L4Protocol
+from nftproxy.core.rules import dispatch
+
+__all__ = [
+    "ENDPOINTS",
+    "ENDPOINTS_SHARDS",
+    "GENERATIONS",
+    "HAIRPIN_ENDPOINTS",
+    "chain_generation",
+    "endpoints_generation",
+    "endpoints_map",
+    "endpoints_shard",
+    "generation_of",
+    "hairpin_set",
+    "is_endpoints_map",
+    "is_hairpin_set",
+    "is_unsharded_endpoints_map",
+]
+
+ENDPOINTS = "endpoints"
+HAIRPIN_ENDPOINTS = "hairpin-endpoints"
+GENERATIONS = ("a", "b", "c")
+"""The endpoints maps and the hairpin sets come in generations: a full sync
+over an existing table (core/nft/resync.py) fills one the table does not
+hold, chunk by chunk, so a chain and the elements it picks from are always
+written in the same transaction, and no transaction carries every hairpin
+element. Three, so that one is free after a resync cut short."""
+
+
+ENDPOINTS_SHARDS = 32
+"""Each protocol's endpoints map comes in this many shards, a chain's by its
+key (`endpoints_shard`): when a commit adds a rule that looks up a data map
+from a chain that does not look it up yet (a new chooser), the kernel walks
+every element of that map (nf_tables_bind_set), ~0.25 us each: 25 ms of
+adding one service at 10,000 x 10 with one map of 100,000 elements, under
+1 ms with a shard's ~3,000 (bench/RESULTS.md, fourth pass)."""
+
+
+def endpoints_shard(fixed: tuple[int, int]) -> int:
+    """The shard of the endpoints map that holds a chooser's elements, by
+    its key (names.endpoints_key: uniform)."""
+    return fixed[0] % ENDPOINTS_SHARDS
+
+
+def endpoints_map(protocol: L4Protocol, generation: str, shard: int) -> str:
+    """endpoints-tcp-a-07: one map per protocol (libnftables 1.0.6's JSON
+    refuses a rule whose protocol differs from the map's `tcp dport`),
+    generation and shard."""
+    return f"{ENDPOINTS}-{protocol.nft}-{generation}-{shard:02}"
+
+
+_GENERATION_OF = {
+    endpoints_map(p, g, k): g
+    for p in L4Protocol
+    for g in GENERATIONS
+    for k in range(ENDPOINTS_SHARDS)
+}
+
+
+def endpoints_generation(name: str) -> str | None:
+    """The generation of endpoints map `name` (None: not one)."""
+    return _GENERATION_OF.get(name)
+
+
+def is_endpoints_map(name: str) -> bool:
+    return name in _GENERATION_OF
+
+
+def hairpin_set(generation: str) -> str:
+    """The hairpin set a generation's elements go to: hairpin-endpoints
+    (generation a, the name of rulesets v2-v5), hairpin-endpoints-b, -c.
+    KUBE-POSTROUTING looks up all three, so a resync in steps fills a new
+    one while the old one still serves, and its final step flushes the old
+    one: no step carries every endpoint's element (core/nft/resync.py)."""
+    if generation == GENERATIONS[0]:
+        return HAIRPIN_ENDPOINTS
+    return f"{HAIRPIN_ENDPOINTS}-{generation}"
+
+
+_FILLED_IN_STEPS = {
+    **_GENERATION_OF,
+    **{hairpin_set(g): g for g in GENERATIONS},
+    **{dispatch.clusterip_endpoints_map(p, g): g for p in L4Protocol for g in GENERATIONS},
+}
+
+
+def generation_of(name: str) -> str | None:
+    """The generation of a set that comes in generations (an endpoints map,
+    a clusterip-endpoints map, a hairpin set), None for any other: the sets
+    a resync in steps fills chunk by chunk."""
+    return _FILLED_IN_STEPS.get(name)
+
+
+_CHAIN_GENERATION = dispatch.generation_chains(GENERATIONS)
+
+
+def chain_generation(name: str) -> str | None:
+    """The generation of a skeleton chain that comes in generations (a
+    shared chooser, rules/dispatch.py), None for any other."""
+    return _CHAIN_GENERATION.get(name)
+
+
+_HAIRPIN_SETS = frozenset(hairpin_set(g) for g in GENERATIONS)
+
+
+def is_hairpin_set(name: str) -> bool:
+    return name in _HAIRPIN_SETS
+
+
+_UNSHARDED = frozenset(f"{ENDPOINTS}-{p.nft}-{g}" for p in L4Protocol for g in GENERATIONS)
+
+
+def is_unsharded_endpoints_map(name: str) -> bool:
+    """Whether `name` is an endpoints map of rulesets v3 and v4 (one per
+    protocol and generation, endpoints-tcp-a): a listed leftover that the
+    resync deletes once no chain picks from it."""
+    return name in _UNSHARDED

@@ -1,0 +1,434 @@
+"""Ruleset v7's shared choosers (nftproxy.core.rules.dispatch, service.py, skeleton.py).
+
+A service port reached only at its cluster IP (no node port, external IP or
+LB VIP), without ClientIP affinity, whose internal chooser (KUBE-SVC for
+iTP=Cluster, KUBE-SVL for iTP=Local) has 1..64 endpoints, has no chain of its
+own: its service-ips element goes to the skeleton's `dispatch-<proto>-<g>-<N>`,
+which masquerades as kube-proxy's chooser does (per local-traffic detector)
+and DNATs by (cluster IP, port, i), i uniform over 0..N-1, in
+`clusterip-endpoints-<proto>-<g>`, whose N elements the port owns. Aspects:
+- which ports are dispatched (`PortPlan.shared_chooser`), which keep chains;
+- the port's elements: service-ips (comment tagged KUBE-SVC-<h>/KUBE-SVL-<h>),
+  clusterip-endpoints (endpoint order, KUBE-SEP-<h> comments), per
+  generation and protocol, and what picking from them amounts to;
+- the skeleton's 3 x 64 shared choosers per generation and their masquerade
+  rule per detector; the maps' declarations (text only on 1.0.6);
+- skeleton.generation_of / chain_generation over the new names;
+- a 10,000-port cluster-IP-only cluster renders no per-service chain.
+Names are spelled out literally ("dispatch-tcp-a-3"), so a change of
+spelling shows up here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+
+import pytest
+from builders import (
+    AFFINITY,
+    CIP,
+    CONFIG,
+    EIP,
+    EP1,
+    EP2,
+    EP3,
+    ITP_LOCAL,
+    LB,
+    LOCAL,
+    LOCAL_AND_REMOTE,
+    MASQ,
+    NODE,
+    NODEPORT,
+    REMOTE,
+    SVC,
+    SVC1,
+    SVL,
+    chain_of,
+    context,
+    endpoint,
+    render,
+    rules_of,
+    sep,
+    service_port,
+    shared_dnat,
+    text,
+)
+
+from nftproxy.core.config import DetectLocalMode, ProxyConfig
+from nftproxy.core.model import (
+    Endpoint,
+    IPFamily,
+    L4Protocol,
+    LoadBalancerIngress,
+    NodeInfo,
+    ServicePort,
+    SessionAffinity,
+)
+from nftproxy.core.nft.ops import OpError, Table
+from nftproxy.core.nft.plan import SKELETON
+from nftproxy.core.render import render_full
+from nftproxy.core.rules import names
+from nftproxy.core.rules import skeleton as sk
+from nftproxy.core.rules.fragment import NUMGEN_KEY, Element, Fragment, Target, Verdict
+from nftproxy.core.rules.service import plan_port, render_service_port
+from nftproxy.core.rules.skeleton import render_skeleton
+from nftproxy.core.tracker import StateSnapshot
+
+V4, V6 = IPFamily.IPV4, IPFamily.IPV6
+PROTOCOLS = ("tcp", "udp", "sctp")
+GENERATIONS = ("a", "b", "c")
+CIP6 = "fd00:172:30::41"
+
+
+def many(n: int, *, local: bool = False, base: str = "10.180") -> tuple[Endpoint, ...]:
+    """n distinct endpoints (10.180.0.1, ...), remote unless `local`."""
+    return tuple(endpoint(f"{base}.{i // 250}.{i % 250 + 1}", local=local) for i in range(n))
+
+
+def elements_in(fragment: Fragment, set_name: str) -> list[Element]:
+    return [e for e in fragment.elements if e.set_name == set_name]
+
+
+def service_ips_target(fragment: Fragment) -> str:
+    """Where the port's one service-ips element (its cluster IP's) goes."""
+    (element,) = elements_in(fragment, "service-ips")
+    assert isinstance(element.value, Verdict) and element.value.kind == "goto"
+    return element.value.target
+
+
+# --- which ports are dispatched ----------------------------------------------------
+
+DISPATCHED = [
+    pytest.param(SVC1, REMOTE, (EP1,), id="cluster IP only, no affinity, one endpoint"),
+    pytest.param(SVC1, (endpoint(EP3), endpoint(EP1)), (EP1, EP3),
+                 id="the endpoints in endpoint order"),
+    pytest.param(SVC1, many(64), tuple(e.ip for e in sorted(many(64))), id="64 endpoints"),
+    pytest.param(ITP_LOCAL, LOCAL_AND_REMOTE, (EP1,), id="iTP=Local picks the local endpoints"),
+    pytest.param(ITP_LOCAL, (*many(64, local=True), *many(10, base="10.181")),
+                 tuple(e.ip for e in sorted(many(64, local=True))),
+                 id="iTP=Local counts its 64 local endpoints, not the remote ones"),
+    pytest.param(service_port(external_traffic_policy=LOCAL), LOCAL_AND_REMOTE, (EP1, EP2),
+                 id="eTP=Local without external access uses every endpoint"),
+    pytest.param(SVC1, (endpoint(EP2, ready=False, terminating=True, serving=True),), (EP2,),
+                 id="serving terminating endpoints when none is ready"),
+    pytest.param(SVC1, (endpoint(EP1), endpoint(EP2, ready=False, terminating=True,
+                                                 serving=True)), (EP1,),
+                 id="a ready endpoint leaves the terminating ones out"),
+    pytest.param(service_port(protocol=L4Protocol.SCTP), REMOTE, (EP1,), id="SCTP"),
+    pytest.param(service_port(family=V6), (endpoint("fd00:10:180::1"),), ("fd00:10:180::1",),
+                 id="IPv6"),
+]
+
+
+@pytest.mark.parametrize(("port", "endpoints", "chosen"), DISPATCHED)
+def test_a_cluster_ip_only_port_without_affinity_uses_a_shared_chooser(
+    port: ServicePort, endpoints: tuple[Endpoint, ...], chosen: tuple[str, ...]
+) -> None:
+    shared = plan_port(port, endpoints, context(port.family)).shared_chooser
+    assert shared is not None and tuple(e.ip for e in shared) == chosen
+    fragment = render(port, endpoints).fragment
+    assert fragment.chains == ()
+    n, proto = len(chosen), port.protocol.nft
+    assert service_ips_target(fragment) == f"dispatch-{proto}-a-{n}"
+    picked = elements_in(fragment, f"clusterip-endpoints-{proto}-a")
+    assert [(e.key, e.value.ip if isinstance(e.value, Target) else None) for e in picked] == [
+        ((port.cluster_ip, port.port, i), ip) for i, ip in enumerate(chosen)]
+
+
+OWN_CHAINS = [
+    pytest.param(SVC1, (), set(), id="no endpoints: rejected, no chooser at all"),
+    pytest.param(ITP_LOCAL, REMOTE, set(), id="iTP=Local without a local endpoint: dropped"),
+    pytest.param(NODEPORT, REMOTE, {"SVC", "EXT"}, id="node port"),
+    pytest.param(service_port(external_ips=(EIP,)), REMOTE, {"SVC", "EXT"}, id="external IP"),
+    pytest.param(service_port(load_balancer_ingress=(LoadBalancerIngress(LB),)), REMOTE,
+                 {"SVC", "EXT"}, id="LB VIP"),
+    pytest.param(AFFINITY, REMOTE, {"SVC"}, id="ClientIP affinity"),
+    pytest.param(replace(ITP_LOCAL, session_affinity=SessionAffinity.CLIENT_IP),
+                 LOCAL_AND_REMOTE, {"SVL"}, id="iTP=Local with ClientIP affinity"),
+    pytest.param(SVC1, many(65), {"SVC"}, id="65 endpoints"),
+    pytest.param(ITP_LOCAL, many(65, local=True), {"SVL"}, id="iTP=Local with 65 local endpoints"),
+]
+
+
+@pytest.mark.parametrize(("port", "endpoints", "chains"), OWN_CHAINS)
+def test_other_ports_keep_their_own_chains(
+    port: ServicePort, endpoints: tuple[Endpoint, ...], chains: set[str]
+) -> None:
+    assert plan_port(port, endpoints, context()).shared_chooser is None
+    fragment = render(port, endpoints).fragment
+    label = {SVC: "SVC", SVL: "SVL", names.external_chain(port.name): "EXT"}
+    assert {label[c.name] for c in fragment.chains} == chains
+    assert not any(e.set_name.startswith("clusterip-endpoints-") for e in fragment.elements)
+    targets = {str(e.value) for e in fragment.elements if isinstance(e.value, Verdict)}
+    assert not any("dispatch-" in t for t in targets)
+
+
+def test_65_endpoints_keep_the_map_pick_of_their_own_chooser() -> None:
+    """Past DISPATCH_MAX the port's KUBE-SVC picks from the sharded
+    endpoints map, as every chooser did before v7."""
+    fragment = render(SVC1, many(65)).fragment
+    assert service_ips_target(fragment) == SVC
+    rules = rules_of(fragment, SVC)
+    assert len(rules) == 2 and rules[0].endswith(MASQ)
+    assert rules[1].startswith("meta l4proto tcp dnat to one of ")
+    assert sum(sk.is_endpoints_map(e.set_name) for e in fragment.elements) == 65
+
+
+# --- the port's elements -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+@pytest.mark.parametrize("n", [1, 3, 64])
+def test_the_service_ips_element_goes_to_the_shared_chooser_of_its_count_and_generation(
+    generation: str, n: int
+) -> None:
+    ctx = replace(context(), generation=generation)
+    fragment = render_service_port(SVC1, many(n), ctx).fragment
+    assert elements_in(fragment, "service-ips") == [Element(
+        "service-ips", (CIP, "tcp", 80), Verdict("goto", f"dispatch-tcp-{generation}-{n}"),
+        f"ns1/svc1:p80 {SVC}")]
+    hairpin = "hairpin-endpoints" + ("" if generation == "a" else f"-{generation}")
+    assert {e.set_name for e in fragment.elements} == {
+        "cluster-ips", "service-ips", f"clusterip-endpoints-tcp-{generation}", hairpin}
+    assert len(elements_in(fragment, f"clusterip-endpoints-tcp-{generation}")) == n
+
+
+def test_the_service_ips_comment_of_itp_local_names_kube_svl() -> None:
+    fragment = render(ITP_LOCAL, LOCAL_AND_REMOTE).fragment
+    (element,) = elements_in(fragment, "service-ips")
+    assert element.comment == f"ns1/svc1:p80 {SVL}"
+    assert service_ips_target(fragment) == "dispatch-tcp-a-1"
+    assert SVL.startswith("KUBE-SVL-") and SVC.startswith("KUBE-SVC-")
+
+
+def test_shared_elements_are_the_endpoints_in_order_keyed_by_cluster_ip() -> None:
+    """(cluster IP, port, i) -> endpoint i, in endpoint order whatever the
+    arrival order, each named by its KUBE-SEP-<h> as the endpoints map's
+    elements are; keyed by the service's port, valued by the endpoint's."""
+    eps = (endpoint(EP3), endpoint(EP1, 8080), endpoint(EP2))
+    fragment = render(SVC1, eps).fragment
+    assert elements_in(fragment, "clusterip-endpoints-tcp-a") == [
+        Element("clusterip-endpoints-tcp-a", (CIP, 80, 0), Target(EP1, 8080),
+                f"ns1/svc1:p80 -> {EP1}:8080 {sep(EP1, number=8080)}"),
+        Element("clusterip-endpoints-tcp-a", (CIP, 80, 1), Target(EP2, 80),
+                f"ns1/svc1:p80 -> {EP2}:80 {sep(EP2)}"),
+        Element("clusterip-endpoints-tcp-a", (CIP, 80, 2), Target(EP3, 80),
+                f"ns1/svc1:p80 -> {EP3}:80 {sep(EP3)}"),
+    ]
+    dns = service_port("dns", port_name="dns", port=53, protocol=L4Protocol.UDP)
+    fragment = render(dns, (endpoint(EP1, 5353),)).fragment
+    assert elements_in(fragment, "clusterip-endpoints-udp-a") == [
+        Element("clusterip-endpoints-udp-a", (CIP, 53, 0), Target(EP1, 5353),
+                f"ns1/dns:dns -> {EP1}:5353 {sep(EP1, dns, 5353)}")]
+    assert service_ips_target(fragment) == "dispatch-udp-a-1"
+
+
+def _chances(port: ServicePort, endpoints: tuple[Endpoint, ...]) -> dict[str, Fraction]:
+    """Chance of a packet to the port's cluster IP being DNATed to each
+    endpoint: the service-ips element sends it to a shared chooser, whose
+    DNAT looks up (its destination, its port, numgen random mod N), the
+    destination and port being the element's key (cluster IP, port); each
+    index 0..N-1 with probability 1/N, and there is an element for each."""
+    fragment = render(port, endpoints).fragment
+    (element,) = elements_in(fragment, "service-ips")
+    chooser = chain_of(render_skeleton(port.family, CONFIG, NODE), service_ips_target(fragment))
+    (dnat,) = [s["dnat"] for s in chooser.rules[-1].expr if "dnat" in s]
+    daddr, dport, index = dnat["addr"]["map"]["key"]["concat"]
+    assert daddr == {"payload": {"protocol": "ip", "field": "daddr"}}
+    assert dport == {"payload": {"protocol": port.protocol.nft, "field": "dport"}}
+    n = index["numgen"]["mod"]
+    assert index == {"numgen": {"mode": "random", "mod": n}}
+    mine = {e.key: e for e in elements_in(fragment, dnat["addr"]["map"]["data"].lstrip("@"))}
+    assert len(mine) == n
+    cluster_ip, _, number = element.key
+    out: dict[str, Fraction] = {}
+    for i in range(n):
+        target = str(mine[(cluster_ip, number, i)].value)
+        out[target] = out.get(target, Fraction(0)) + Fraction(1, n)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 64])
+def test_the_shared_chooser_picks_each_endpoint_with_probability_one_over_n(n: int) -> None:
+    eps = many(n)
+    assert _chances(SVC1, eps) == {ep.address: Fraction(1, n) for ep in eps}
+
+
+def test_shared_element_comments_of_a_maximal_service_keep_their_kube_tags() -> None:
+    port = service_port("s" * 63, ns="n" * 63, port_name="p" * 15, family=V6)
+    eps = (endpoint("fd00:10:180::ffff:ffff", 65535), endpoint("fd00:10:180::2"))
+    fragment = render(port, eps).fragment
+    (ip_element,) = elements_in(fragment, "service-ips")
+    picked = elements_in(fragment, "clusterip-endpoints-tcp-a")
+    tags = [names.endpoint_chain(port.name, ep) for ep in sorted(eps)]
+    comments = [str(e.comment) for e in (*picked, ip_element)]
+    assert [c.rsplit(" ", 1)[1] for c in comments] == [*tags, names.service_chain(port.name)]
+    assert all(len(c.encode()) <= names.COMMENT_MAX_BYTES for c in comments)
+    assert all(c.startswith(str(port.name)[:60]) for c in comments)
+
+
+def test_every_dispatched_port_names_only_what_the_skeleton_declares() -> None:
+    skeleton = render_skeleton(V4, CONFIG, NODE)
+    chains, sets = skeleton.chain_names(), {s.name for s in skeleton.sets}
+    for n in range(1, 65):
+        fragment = render(SVC1, many(n)).fragment
+        assert service_ips_target(fragment) in chains
+        assert {e.set_name for e in fragment.elements} <= sets
+
+
+# --- the skeleton's shared choosers ------------------------------------------------
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+@pytest.mark.parametrize(("family", "ip"), [(V4, "ip"), (V6, "ip6")], ids=["IPv4", "IPv6"])
+def test_the_skeleton_holds_3_protocols_x_64_shared_choosers_of_its_generation(
+    generation: str, family: IPFamily, ip: str
+) -> None:
+    skeleton = render_skeleton(family, CONFIG, NODE, generation=generation)
+    dispatch = [c for c in skeleton.chains if c.name.startswith("dispatch-")]
+    assert [c.name for c in dispatch] == [
+        f"dispatch-{p}-{generation}-{n}" for p in PROTOCOLS for n in range(1, 65)]
+    assert all(c.hook is None for c in dispatch)
+    for chain in dispatch:
+        _, p, _, n = chain.name.split("-")
+        last = chain.rules[-1]
+        assert (text(last), last.comment) == (
+            shared_dnat(int(n), p, generation, ip), f"cluster IP -> {n} endpoints")
+    maps = {s.name for s in skeleton.sets if s.name.startswith("clusterip-endpoints-")}
+    assert maps == {f"clusterip-endpoints-{p}-{generation}" for p in PROTOCOLS}
+
+
+def _masquerade_rules(
+    family: IPFamily, config: ProxyConfig, node: NodeInfo
+) -> set[tuple[str, ...]]:
+    """What every shared chooser of the skeleton does before its DNAT (one
+    set member: they all do the same), with each rule's comment."""
+    skeleton = render_skeleton(family, config, node)
+    return {
+        tuple(f"{text(r)} # {r.comment}" for r in c.rules[:-1])
+        for c in skeleton.chains if c.name.startswith("dispatch-")
+    }
+
+
+def _own_masquerade_rule(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> list[str]:
+    """The masquerade rule a node port's own KUBE-SVC starts with, minus its
+    cluster IP match (only the cluster IP's element leads to a shared chooser)."""
+    port = service_port(family=family, node_port=3001)
+    ctx = context(family, config, node)
+    ep = endpoint("10.180.0.1" if family is V4 else "fd00:10:180::1")
+    fragment = render_service_port(port, (ep,), ctx).fragment
+    cip = CIP if family is V4 else CIP6
+    match = f"{family.nft_family} daddr {cip} tcp dport 80 "
+    first = rules_of(fragment, SVC)[0]
+    return [first.removeprefix(match)] if first.endswith(MASQ) else []
+
+
+NO_CIDR = replace(CONFIG, cluster_cidrs=())
+
+
+@pytest.mark.parametrize(
+    ("family", "config", "node", "masq"),
+    [
+        pytest.param(V4, CONFIG, NODE, f"ip saddr != 10.0.0.0/8 {MASQ}", id="ClusterCIDR"),
+        pytest.param(V6, CONFIG, NODE, f"ip6 saddr != fd00:10::/48 {MASQ}", id="ClusterCIDR IPv6"),
+        pytest.param(V4, replace(CONFIG, masquerade_all=True), NODE, MASQ, id="masqueradeAll"),
+        pytest.param(V4, replace(CONFIG, detect_local_mode=DetectLocalMode.NODE_CIDR), NODE,
+                     f"ip saddr != 10.0.1.0/24 {MASQ}", id="NodeCIDR"),
+        pytest.param(V4, replace(CONFIG, detect_local_mode=DetectLocalMode.BRIDGE_INTERFACE,
+                                 bridge_interface="cbr0"), NODE,
+                     f"iifname != cbr0 {MASQ}", id="BridgeInterface"),
+        pytest.param(V4, replace(CONFIG, detect_local_mode=DetectLocalMode.INTERFACE_NAME_PREFIX,
+                                 interface_name_prefix="veth"), NODE,
+                     f"iifname != veth* {MASQ}", id="InterfaceNamePrefix"),
+        pytest.param(V4, NO_CIDR, NODE, None, id="no detector: no rule"),
+        pytest.param(V6, replace(CONFIG, cluster_cidrs=("10.0.0.0/8",)), NODE, None,
+                     id="no cluster CIDR of the family: no rule"),
+        pytest.param(V4, replace(NO_CIDR, masquerade_all=True), NODE, MASQ,
+                     id="no detector but masqueradeAll"),
+        pytest.param(V4, replace(CONFIG, detect_local_mode=DetectLocalMode.NODE_CIDR),
+                     replace(NODE, pod_cidrs=()), None, id="NodeCIDR without a pod CIDR: no rule"),
+    ],
+)
+def test_every_shared_chooser_masquerades_as_the_detector_says(
+    family: IPFamily, config: ProxyConfig, node: NodeInfo, masq: str | None
+) -> None:
+    """The same kube-proxy rule as a port's own chooser has."""
+    expected = () if masq is None else (f"{masq} # cluster IP",)
+    assert _masquerade_rules(family, config, node) == {expected}
+    assert _own_masquerade_rule(family, config, node) == ([] if masq is None else [masq])
+
+
+@pytest.mark.parametrize(("family", "ip", "addr"), [(V4, "ip", "ipv4_addr"),
+                                                    (V6, "ip6", "ipv6_addr")])
+def test_clusterip_endpoints_maps_are_declared_by_key_and_data_selectors(
+    family: IPFamily, ip: str, addr: str
+) -> None:
+    """Key: cluster IP . port . index; data: endpoint . port; the integer
+    index makes libnftables 1.0.6 declare them in nft text only, 1.1.x by
+    typeof in JSON."""
+    skeleton = render_skeleton(family, CONFIG, NODE, generation="b")
+    decls = {s.name: s for s in skeleton.sets if s.name.startswith("clusterip-endpoints-")}
+    old, new = Table(ip, "nftproxy"), Table(ip, "nftproxy", typeof=True)
+    for p in PROTOCOLS:
+        d = decls[f"clusterip-endpoints-{p}-b"]
+        assert (d.key, d.data) == ((f"{ip} daddr", f"{p} dport", NUMGEN_KEY),
+                                   (f"{ip} daddr", f"{p} dport"))
+        assert (d.type, d.map) == ((addr, "inet_service", "integer"), f"{addr} . inet_service")
+        assert (d.flags, d.elements, d.dynamic) == ((), (), False)
+        assert d.text_only and old.declares_in_text(d) and not new.declares_in_text(d)
+        with pytest.raises(OpError):
+            old.add_set(d)
+        assert f"typeof {ip} daddr . {p} dport . numgen random mod 1 : {ip} daddr . {p} dport;" in (
+            old.declare_text(d))
+        declared = new.add_set(d)["add"]["map"]
+        assert declared["map"] == {"typeof": {"concat": [
+            {"payload": {"protocol": ip, "field": "daddr"}},
+            {"payload": {"protocol": p, "field": "dport"}}]}}
+
+
+def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
+    for g in GENERATIONS:
+        skeleton = render_skeleton(V4, CONFIG, NODE, generation=g)
+        in_generations = [c.name for c in skeleton.chains if sk.chain_generation(c.name)]
+        assert len(in_generations) == 3 * 64
+        assert {sk.chain_generation(c) for c in in_generations} == {g}
+        for p in PROTOCOLS:
+            name = f"clusterip-endpoints-{p}-{g}"
+            assert sk.generation_of(name) == g
+            assert not sk.is_endpoints_map(name) and not sk.is_hairpin_set(name)
+            assert not sk.is_unsharded_endpoints_map(name)
+            assert sk.chain_generation(name) is None
+            assert sk.chain_generation(f"dispatch-{p}-{g}-1") == g
+            assert sk.chain_generation(f"dispatch-{p}-{g}-64") == g
+            assert sk.generation_of(f"dispatch-{p}-{g}-1") is None
+    for other in ("dispatch-tcp-a-0", "dispatch-tcp-a-65", "dispatch-tcp-d-1", "KUBE-SERVICES",
+                  "hairpin-endpoints", "endpoints-tcp-a-00"):
+        assert sk.chain_generation(other) is None, other
+
+
+# --- at scale ----------------------------------------------------------------------
+
+
+def test_a_10000_port_cluster_ip_only_cluster_renders_no_per_service_chain() -> None:
+    """The whole table's chains are the skeleton's: every port is elements
+    only (1..5 endpoints each, the three protocols)."""
+    protocols = list(L4Protocol)
+    ports = [
+        service_port(f"s{i}", cluster_ip=f"172.30.{i // 250}.{i % 250 + 1}",
+                     protocol=protocols[i % 3])
+        for i in range(10_000)
+    ]
+    endpoints = {p.name: many(1 + i % 5) for i, p in enumerate(ports)}
+    state = StateSnapshot(V4, {p.name: p for p in ports}, endpoints)
+    rendered = render_full(state, CONFIG, NODE, ("172.30.0.0/16",))
+    fragments = rendered.desired()
+    skeleton = fragments.pop(SKELETON)
+    assert len(fragments) == 10_000
+    assert all(f.chains == () for f in fragments.values())
+    targets = {service_ips_target(f) for f in fragments.values()}
+    assert targets == {f"dispatch-{p}-a-{n}" for p in PROTOCOLS for n in range(1, 6)}
+    assert targets <= skeleton.chain_names()
+    picked = sum(e.set_name.startswith("clusterip-endpoints-")
+                 for f in fragments.values() for e in f.elements)
+    assert picked == sum(map(len, endpoints.values())) == 30_000
