@@ -15,7 +15,13 @@ times, R times each, transactions that add and remove again:
 - `chain_map_rule`: one new chain with the chooser's rule (its last: the
                 endpoints-map pick, ruleset v3+);
 - `rewrite`:    flush one existing KUBE-SVC chain and add its rules again
-                (what "change one endpoint" sends).
+                (what "change one endpoint" of an affinity port sends);
+- `shared_elem`: one `service-ips` element -> the shared chooser
+                dispatch-tcp-a-10 (ruleset v7);
+- `vip_elems`:  its 10 `vip-endpoints-tcp-a` elements;
+- `add_service`: both, with a hairpin element: what adding a ClusterIP
+                service of 10 endpoints sends (v7), but its cluster-ips
+                element.
 
     python bench/validation_probe.py [--size 10000x10] [--reps 15] [--no-affinity]
 """
@@ -57,6 +63,11 @@ def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str,
     }
     chain = {**table, "name": svc_chain}
     pick = {**rules[-1], "chain": "KUBE-PROBE"}
+    shared = {**goto, "elem": [[key, {"goto": {"target": "dispatch-tcp-a-10"}}]]}
+    targets = [[{"concat": ["10.254.0.1", 9, i]}, {"concat": [f"10.253.0.{i + 1}", 80]}]
+               for i in range(10)]
+    picked = {**table, "name": "vip-endpoints-tcp-a", "elem": targets}
+    new_service = [{"add": {"element": e}} for e in (picked, elem, shared)]
     return {
         "plain_elem": ([{"add": {"element": elem}}], [{"delete": {"element": elem}}]),
         "goto_elem": (
@@ -70,6 +81,18 @@ def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str,
         "chain_map_rule": (
             [{"add": {"chain": probe}}, {"add": {"rule": pick}}],
             [{"flush": {"chain": probe}}, {"delete": {"chain": probe}}],
+        ),
+        "shared_elem": (
+            [{"add": {"element": shared}}],
+            [{"delete": {"element": {**shared, "elem": [key]}}}],
+        ),
+        "vip_elems": (
+            [{"add": {"element": picked}}],
+            [{"delete": {"element": {**picked, "elem": [t[0] for t in targets]}}}],
+        ),
+        "add_service": (
+            new_service,
+            [{"delete": c["add"]} for c in reversed(new_service)],
         ),
         "rewrite": (
             [{"flush": {"chain": chain}}, *({"add": {"rule": r}} for r in rules)],
@@ -98,8 +121,14 @@ def main() -> int:
         proxier.sync()
         table = {"family": "ip", "table": "nftproxy"}
         state = proxier.table_state(IPFamily.IPV4)
-        spn = next(o for o in sorted(state.fragments, key=str) if not isinstance(o, str))
-        svc_chain = names.service_chain(spn)
+        # a port with chains of its own (most go through shared choosers, v7)
+        svc_chain = next(
+            c.name
+            for o in sorted(state.fragments, key=str)
+            if not isinstance(o, str)
+            for c in state.fragments[o].chains
+            if c.name == names.service_chain(o)
+        )
         listed = backend.run_json({"list": {"chain": {**table, "name": svc_chain}}})
         rules = [
             {k: v for k, v in o["rule"].items() if k != "handle"}

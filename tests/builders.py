@@ -51,6 +51,7 @@ __all__ = [
     "EP2",
     "EP3",
     "ETP_LOCAL",
+    "ETP_LOCAL_NODEPORT",
     "EXT",
     "FW",
     "ITP_LOCAL",
@@ -74,6 +75,8 @@ __all__ = [
     "endpoint",
     "hairpin",
     "labels",
+    "many",
+    "nodeport_dnat",
     "render",
     "rules_of",
     "sep",
@@ -142,6 +145,11 @@ def endpoint(
     )
 
 
+def many(n: int, *, local: bool = False, base: str = "10.180") -> tuple[Endpoint, ...]:
+    """n distinct IPv4 endpoints (10.180.0.1, ...), remote unless `local`."""
+    return tuple(endpoint(f"{base}.{i // 250}.{i % 250 + 1}", local=local) for i in range(n))
+
+
 def context(
     family: IPFamily = IPFamily.IPV4, config: ProxyConfig = CONFIG, node: NodeInfo = NODE
 ) -> RenderContext:
@@ -194,6 +202,8 @@ ETP_LOCAL = service_port(
     load_balancer_ingress=(LoadBalancerIngress(LB),),
     external_traffic_policy=LOCAL,
 )
+ETP_LOCAL_NODEPORT = service_port(node_port=3001, external_traffic_policy=LOCAL)
+"""A node port that keeps chains of its own (v7: eTP=Cluster ones share choosers)."""
 ITP_LOCAL = service_port(internal_traffic_policy=LOCAL)
 AFFINITY = service_port(session_affinity=SessionAffinity.CLIENT_IP, affinity_timeout=600)
 REMOTE = (endpoint(EP1),)
@@ -266,10 +276,18 @@ def picks(*ips: str, port: int = 80, protocol: str = "tcp") -> str:
 
 
 def shared_dnat(n: int, protocol: str = "tcp", generation: str = "a", ip: str = "ip") -> str:
-    """A shared chooser's DNAT rule (skeleton's dispatch-<protocol>-<generation>-<n>,
-    v7) in nft syntax: key (cluster IP, port, i), i uniform over 0..n-1."""
+    """A shared VIP chooser's DNAT rule (skeleton's dispatch-<protocol>-<generation>-<n>,
+    v7) in nft syntax: key (VIP, port, i), i uniform over 0..n-1."""
     return (f"meta l4proto {protocol} dnat {ip} to {ip} daddr . {protocol} dport . "
-            f"numgen random mod {n} map @clusterip-endpoints-{protocol}-{generation}")
+            f"numgen random mod {n} map @vip-endpoints-{protocol}-{generation}")
+
+
+def nodeport_dnat(n: int, protocol: str = "tcp", generation: str = "a", ip: str = "ip") -> str:
+    """A shared node port chooser's DNAT rule (skeleton's
+    dispatch-nodeport-<protocol>-<generation>-<n>, v7) in nft syntax: key
+    (node port, i), i uniform over 0..n-1."""
+    return (f"meta l4proto {protocol} dnat {ip} to {protocol} dport . "
+            f"numgen random mod {n} map @nodeport-endpoints-{protocol}-{generation}")
 
 
 def picked(fragment: Fragment, rule: Rule) -> list[Element]:

@@ -137,7 +137,7 @@ def in_generation(listed: str, generation: str) -> str:
     endpoints maps and shared choosers (rules/dispatch.py) renamed to
     `generation`'s, and its hairpin elements in
     that generation's hairpin set (the others empty)."""
-    pattern = r"((?:endpoints|dispatch)-(?:tcp|udp|sctp)-)[a-z]\b"
+    pattern = r"((?:endpoints|dispatch|dispatch-nodeport)-(?:tcp|udp|sctp)-)[a-z]\b"
     renamed = re.sub(pattern, rf"\g<1>{generation}", listed)
     return json.dumps(_hairpin_in(json.loads(renamed), generation), sort_keys=True)
 

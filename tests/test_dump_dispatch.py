@@ -1,19 +1,30 @@
 """`nftproxy dump` of ports without a chain of their own (ruleset v7's shared choosers).
 
-A cluster-IP-only port's `service-ips` element goes to the shared chooser
+A port's cluster IP `service-ips` element goes to the shared chooser
 `dispatch-<proto>-<g>-<N>` (comment "ns/svc:port KUBE-SVC-<h>"), whose
-endpoints are the N elements of `clusterip-endpoints-<proto>-<g>` keyed
-(cluster IP, port, i). Aspects, on tables a full sync renders (FakeBackend,
-tests/test_trace_dispatch.py's cluster):
+endpoints are the N elements of `vip-endpoints-<proto>-<g>` keyed (cluster
+IP, port, i); with externalTrafficPolicy Cluster its external IPs and LB
+VIPs go to the same chooser (comment "... KUBE-EXT-<h>", elements keyed by
+the VIP) and its node port to `dispatch-nodeport-<proto>-<g>-<N>`
+(`nodeport-endpoints-<proto>-<g>` keyed (node port, i)). Aspects, on tables
+a full sync renders (FakeBackend, tests/test_trace_dispatch.py's cluster
+and shared_lb):
 - the view shows such a port as before: its VIP, its endpoints with their
   KUBE-SEP-<h> and 1/N each, its KUBE-SVC-<h> (`chains`) and the chooser
   (`chooser`), in text and JSON, in both families; KUBE-SVL-<h> and
   `local endpoints` for internalTrafficPolicy=Local;
 - two ports of the same endpoint count share the chooser but each shows
   only its own elements (keyed by its cluster IP); a node-port service
-  (own KUBE-SVC/KUBE-EXT chains, no chooser) shows as before beside them;
+  that keeps its chains (eTP=Local: KUBE-SVC/SVL/EXT, no chooser) shows as
+  before beside them;
+- a port with shared external destinations shows as a port with KUBE-EXT
+  does (VIPs, node port, externalTrafficPolicy Cluster, KUBE-SVC-<h> and
+  KUBE-EXT-<h>, the endpoints), and per destination (cluster IP, external
+  IP, LB VIP, node port) its chooser, KUBE-SVC/EXT-<h> and endpoints, in
+  text and JSON, in both families;
 - a name too long for the comment (cut by `names.tagged`) still finds the
-  endpoints and the KUBE-SVC-<h>; missing elements show no endpoint, no crash.
+  endpoints and the KUBE-SVC-<h>; missing elements show no endpoint, no
+  crash (a node port without its elements: its own "no endpoints" line).
 """
 
 from __future__ import annotations
@@ -21,7 +32,20 @@ from __future__ import annotations
 from typing import Any
 
 from k8s import endpoint_slice, service
-from test_trace_dispatch import EPS, NODES, NP, VIPS, WEB, cluster, listings
+from test_trace_dispatch import (
+    EPS,
+    EXTERNAL_IPS,
+    INGRESS,
+    LB,
+    LB_VIPS,
+    NODES,
+    NP,
+    VIPS,
+    WEB,
+    cluster,
+    listings,
+    shared_lb,
+)
 
 from nftproxy.core.address import format_address
 from nftproxy.core.model import Endpoint, L4Protocol, ServicePortName
@@ -81,10 +105,12 @@ def test_ports_sharing_a_chooser_and_a_node_port_service_each_show_their_own() -
     assert _endpoints(web) == _expected(WEB, EPS["ip"], 0.3333)
     assert _endpoints(mine) == _expected(other, other_ips, 0.3333)
     np = views["ns/np:http"]
-    assert np["chooser"] == "" and np["node_port"] == 30080
-    assert np["chains"] == [names.service_chain(NP), names.external_chain(NP)]
-    assert np["policies"] == {"externalTrafficPolicy": "Cluster"}
+    assert np["chooser"] == "" and np["node_port"] == 30080 and np["dispatched"] == []
+    assert np["chains"] == [names.service_chain(NP), names.local_chain(NP),
+                            names.external_chain(NP)]
+    assert np["policies"] == {"externalTrafficPolicy": "Local"}
     assert _endpoints(np) == _expected(NP, EPS["ip"], 0.3333)
+    assert _endpoints(np, "local_endpoints") == _expected(NP, EPS["ip"][:2], 0.5)
 
 
 def test_a_name_cut_in_the_comment_still_finds_endpoints_and_kube_svc() -> None:
@@ -102,6 +128,65 @@ def test_a_name_cut_in_the_comment_still_finds_endpoints_and_kube_svc() -> None:
 def test_missing_elements_show_no_endpoint() -> None:
     doc = listings(cluster())["ip"]
     kept = [i for i in doc["nftables"]
-            if not ("map" in i and i["map"]["name"].startswith("clusterip-endpoints-"))]
+            if not ("map" in i and i["map"]["name"].startswith("vip-endpoints-"))]
     web = _services({"nftables": kept}, "ip")["ns/web:http"]
     assert (web["endpoints"], web["chooser"]) == ([], "dispatch-tcp-a-3")
+
+
+def _dispatched(view: dict[str, Any]) -> list[tuple[str, int, str, str, Shown]]:
+    return [(d["address"], d["port"], d["chooser"], d["identity"], _endpoints(d))
+            for d in view["dispatched"]]
+
+
+def test_shared_external_destinations_are_shown_with_their_endpoints() -> None:
+    tables = listings(shared_lb())
+    svc, ext = names.service_chain(LB), names.external_chain(LB)
+    for family in ("ip", "ip6"):
+        lb = _services(tables[family], family)["ns/lb:http"]
+        eps = _expected(LB, EPS[family], 0.3333)
+        assert {(v["address"], v["port"]) for v in lb["vips"]} == {
+            (LB_VIPS[family], 80), (EXTERNAL_IPS[family], 80), (INGRESS[family], 80)}
+        assert lb["node_port"] == 30090
+        assert lb["policies"] == {"externalTrafficPolicy": "Cluster"}
+        assert (lb["chains"], lb["chooser"]) == ([svc, ext], "dispatch-tcp-a-3")
+        assert _endpoints(lb) == eps and lb["local_endpoints"] == []
+        assert _dispatched(lb)[0] == (LB_VIPS[family], 80, "dispatch-tcp-a-3", svc, eps)
+        assert sorted(_dispatched(lb)[1:3]) == sorted([
+            (EXTERNAL_IPS[family], 80, "dispatch-tcp-a-3", ext, eps),
+            (INGRESS[family], 80, "dispatch-tcp-a-3", ext, eps)])
+        assert _dispatched(lb)[3] == ("", 30090, "dispatch-nodeport-tcp-a-3", ext, eps)
+
+        lines = render_text(parse_table(tables[family], family=family, table="nftproxy"))
+        text = lines.splitlines()
+        assert (f"    chains: {svc}, {ext} (shared choosers dispatch-tcp-a-3, "
+                "dispatch-nodeport-tcp-a-3)") in text
+        assert f"      {'nodePort 30090':<28} -> dispatch-nodeport-tcp-a-3  {ext}" in text
+        assert (f"      {format_address(INGRESS[family], 80):<28} -> dispatch-tcp-a-3  {ext}"
+                in text)
+        assert sum("KUBE-SEP-" in line for line in text) == 3  # the same endpoints: shown once
+
+
+def test_a_node_port_without_its_elements_shows_no_endpoints() -> None:
+    doc = listings(shared_lb())["ip"]
+    kept = [i for i in doc["nftables"]
+            if not ("map" in i and i["map"]["name"].startswith("nodeport-endpoints-"))]
+    view = parse_table({"nftables": kept}, family="ip", table="nftproxy")
+    lb = {s["service"]: s for s in view.to_json()["services"]}["ns/lb:http"]
+    assert _endpoints(lb) == _expected(LB, EPS["ip"], 0.3333)
+    assert _dispatched(lb)[3] == ("", 30090, "dispatch-nodeport-tcp-a-3",
+                                  names.external_chain(LB), set())
+    text = render_text(view).splitlines()
+    at = text.index(f"      {'nodePort 30090':<28} -> dispatch-nodeport-tcp-a-3  "
+                    f"{names.external_chain(LB)}")
+    assert text[at + 1] == "        no endpoints"
+
+
+def test_a_port_keeping_its_chains_beside_a_shared_external_one() -> None:
+    views = _services(listings([*shared_lb(), *cluster(node_port=True, etp="Local")])["ip"], "ip")
+    np, lb = views["ns/np:http"], views["ns/lb:http"]
+    assert (np["chooser"], np["dispatched"], np["policies"]) == (
+        "", [], {"externalTrafficPolicy": "Local"})
+    assert _endpoints(np, "local_endpoints") == _expected(NP, EPS["ip"][:2], 0.5)
+    assert (lb["chooser"], lb["policies"]) == (
+        "dispatch-tcp-a-3", {"externalTrafficPolicy": "Cluster"})
+    assert [d["port"] for d in lb["dispatched"]] == [80, 80, 80, 30090]

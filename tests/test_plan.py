@@ -324,9 +324,13 @@ SVC1 = service_port()
 EP1, EP2, EP3 = (endpoint(f"10.180.0.{i}") for i in (1, 2, 3))
 
 
-NODEPORT = replace(SVC1, node_port=30001)
-"""SVC1 with a node port: it has KUBE-SVC and KUBE-EXT chains; SVC1 (cluster
-IP only) has none, it goes through a shared chooser (rules/dispatch.py)."""
+NODEPORT = replace(SVC1, node_port=30001, external_traffic_policy=TrafficPolicy.LOCAL)
+"""SVC1 with an eTP=Local node port: it keeps its KUBE-SVC and KUBE-EXT
+chains; SVC1 (cluster IP only) has none, nor has a node port of eTP=Cluster:
+they go through shared choosers (rules/dispatch.py)."""
+
+
+SHARED_NODEPORT = replace(SVC1, node_port=30001)
 
 
 def frag(port: ServicePort, endpoints: Iterable[Endpoint] = ()) -> Fragment:
@@ -380,7 +384,7 @@ def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
     commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1, EP2])})
     elems = [(v, name, spec["elem"]) for v, k, name, spec in _ops(commands) if k == "element"]
     added = [n for v, n, _ in elems if v == "add" and n != "service-ips"]
-    assert sorted(added) == ["clusterip-endpoints-tcp-a", "hairpin-endpoints"]
+    assert sorted(added) == ["hairpin-endpoints", "vip-endpoints-tcp-a"]
     elems = [e for e in elems if e[1] == "service-ips"]
     key = {"concat": ["172.30.0.41", "tcp", 80]}
     assert [(v, n) for v, n, _ in elems] == [("delete", "service-ips"), ("add", "service-ips")]
@@ -485,7 +489,7 @@ def test_full_resync_never_flushes_or_redeclares_the_affinity_set() -> None:
     assert set(commands_of(commands, "flush", "set")) == {
         "cluster-ips", "nodeport-ips", "service-cidrs", "hairpin-endpoints",
         "hairpin-endpoints-b", "hairpin-endpoints-c",
-        "firewall-vips", "firewall-allow"}
+        "firewall-vips", "firewall-allow", "masquerade-vips", "masquerade-nodeports"}
 
 
 def test_adding_or_deleting_a_port_with_affinity_touches_no_set() -> None:
@@ -587,15 +591,15 @@ SIZES = [
     pytest.param(None, _one_endpoint(), {AE: 4},
                  id="add a ClusterIP service with one endpoint"),
     # cluster-ips, service-ips (goto dispatch-tcp-a-1), hairpin-endpoints,
-    # clusterip-endpoints-tcp-a
+    # vip-endpoints-tcp-a
     pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {DE: 2, AE: 2},
                  id="change one endpoint's IP"),
-    # hairpin EP1 . EP1 -> EP2 . EP2, clusterip-endpoints (VIP, 80, 0) -> EP2
+    # hairpin EP1 . EP1 -> EP2 . EP2, vip-endpoints (VIP, 80, 0) -> EP2
     pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {DE: 1, AE: 3},
                  id="add a second endpoint"),
-    # service-ips -> goto dispatch-tcp-a-2; hairpin EP2 . EP2, clusterip-endpoints (VIP, 80, 1)
+    # service-ips -> goto dispatch-tcp-a-2; hairpin EP2 . EP2, vip-endpoints (VIP, 80, 1)
     pytest.param(_one_endpoint(), None, {DE: 4}, id="delete the service"),
-    # cluster-ips, service-ips, hairpin, clusterip-endpoints elements deleted
+    # cluster-ips, service-ips, hairpin, vip-endpoints elements deleted
     pytest.param(_one_endpoint(), _one_endpoint(), {}, id="no change"),
     pytest.param(_one_endpoint(), frag(SVC1), {DE: 3, AE: 1},
                  id="endpoints become none"),
@@ -605,16 +609,25 @@ SIZES = [
     pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AE: 3},
                  id="its first endpoint"),
     # no-endpoint-services -> service-ips + hairpin + endpoints
-    # A NodePort service keeps chains of its own
-    pytest.param(None, frag(NODEPORT, [EP1]), {AC: 2, AR: 4, AE: 5},
+    # A NodePort service with eTP=Cluster goes through shared choosers too
+    pytest.param(None, frag(SHARED_NODEPORT, [EP1]), {AE: 7},
                  id="add a NodePort service with one endpoint"),
-    # chains SVC (masquerade + the endpoints-map pick) and EXT (mark + goto SVC);
-    # cluster-ips, service-ips, service-nodeports, hairpin, endpoints-tcp-a-<k>
-    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP2]), {DE: 2, AE: 2},
+    # cluster-ips, service-ips, service-nodeports (goto dispatch-nodeport-tcp-a-1),
+    # masquerade-nodeports, vip-endpoints, nodeport-endpoints, hairpin
+    pytest.param(frag(SHARED_NODEPORT, [EP1]), frag(SHARED_NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change a NodePort service's endpoint"),
+    # vip-endpoints, nodeport-endpoints, hairpin
+    # An eTP=Local NodePort service keeps chains of its own
+    pytest.param(None, frag(NODEPORT, [EP1]), {AC: 2, AR: 5, AE: 6},
+                 id="add an eTP=Local NodePort service with one endpoint"),
+    # chains SVC (masquerade + the endpoints-map pick) and EXT (local sources
+    # masqueraded and sent to SVC); cluster-ips, service-ips, service-nodeports,
+    # no-endpoint-nodeports (no local endpoint: drop), hairpin, endpoints-tcp-a-<k>
+    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP2]), {DE: 2, AE: 2},
+                 id="change an eTP=Local NodePort service's endpoint"),
     # elements only: hairpin, endpoints-tcp-a-<k> (F1, F2, 0) -> EP2
     pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP1, EP2]), {FC: 1, AC: 1, AR: 2, AE: 2},
-                 id="add a second endpoint to a NodePort service"),
+                 id="add a second endpoint to an eTP=Local NodePort service"),
     # SVC rewritten (its pick goes mod 2); hairpin EP2 . EP2, endpoints (F1, F2, 1)
 ]
 
@@ -691,8 +704,8 @@ def _claimant(state: Synced, key: tuple[str, Any]) -> str:
 
 
 def _target(state: Synced, key: tuple[str, int, int]) -> str:
-    """The endpoint address of the clusterip-endpoints element for `key`."""
-    winner = state.effective(("clusterip-endpoints-tcp-a", key))
+    """The endpoint address of the vip-endpoints element for `key`."""
+    winner = state.effective(("vip-endpoints-tcp-a", key))
     assert winner is not None and isinstance(winner.value, Target)
     return winner.value.ip
 

@@ -65,9 +65,9 @@ def test_a_shared_key_passes_to_the_next_claimant_and_goes_with_the_last() -> No
     # its service-ips element and its endpoint's (same key, another comment)
     taken = [
         ("delete", "service-ips"),
-        ("delete", "clusterip-endpoints-tcp-a"),
+        ("delete", "vip-endpoints-tcp-a"),
         ("add", "service-ips"),
-        ("add", "clusterip-endpoints-tcp-a"),
+        ("add", "vip-endpoints-tcp-a"),
     ]
     assert _element_ops(commands) == taken
     assert_same_as_full(state, kernel)

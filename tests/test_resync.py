@@ -181,7 +181,7 @@ def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> 
     # (the chunk of the affinity service's cascade is the largest)
     assert max(sizes[1:-1]) < services / 2, (sizes, services)
     # the final step deletes the old generation's 3 x 32 endpoints maps,
-    # 3 clusterip-endpoints maps and 192 shared choosers of each family
+    # 3 vip-endpoints maps and 192 shared choosers of each family
     assert sizes[-1] < skeleton / 2, (sizes, skeleton)
     final = commits.sent[-1]
     assert not any("rule" in body for c in final for body in c.values())
@@ -189,11 +189,11 @@ def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> 
     stepped = {body["element"]["name"] for step in commits.sent[:-1] for c in step
                for body in c.values() if "element" in body}
     # ... and of the new hairpin set
-    assert {"hairpin-endpoints-b", "clusterip-endpoints-tcp-b"} <= stepped
-    assert all(n.startswith("endpoints-tcp-b-") for n in stepped - {
-        "hairpin-endpoints-b", "clusterip-endpoints-tcp-b"})
+    shared = {"hairpin-endpoints-b", "vip-endpoints-tcp-b", "nodeport-endpoints-tcp-b"}
+    assert shared - {"nodeport-endpoints-tcp-b"} <= stepped
+    assert all(n.startswith("endpoints-tcp-b-") for n in stepped - shared)
     assert not any("element" in body and body["element"]["name"].startswith(
-        ("endpoints-", "hairpin-", "clusterip-")) for c in final for body in c.values())
+        ("endpoints-", "hairpin-", "vip-", "nodeport-")) for c in final for body in c.values())
     # the old generation's hairpin set is emptied in one command
     flushed = {body["set"]["name"] for c in final for verb, body in c.items()
                if verb == "flush" and "set" in body}

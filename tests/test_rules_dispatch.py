@@ -1,17 +1,21 @@
-"""Ruleset v7's shared choosers (nftproxy.core.rules.dispatch, service.py, skeleton.py).
+"""Ruleset v7's shared choosers at the cluster IP (nftproxy.core.rules.dispatch,
+service.py, skeleton.py).
 
-A service port reached only at its cluster IP (no node port, external IP or
-LB VIP), without ClientIP affinity, whose internal chooser (KUBE-SVC for
-iTP=Cluster, KUBE-SVL for iTP=Local) has 1..64 endpoints, has no chain of its
-own: its service-ips element goes to the skeleton's `dispatch-<proto>-<g>-<N>`,
-which masquerades as kube-proxy's chooser does (per local-traffic detector)
-and DNATs by (cluster IP, port, i), i uniform over 0..N-1, in
-`clusterip-endpoints-<proto>-<g>`, whose N elements the port owns. Aspects:
-- which ports are dispatched (`PortPlan.shared_chooser`), which keep chains;
+A service port without ClientIP affinity, without an eTP=Local external
+destination, whose internal chooser (KUBE-SVC for iTP=Cluster, KUBE-SVL for
+iTP=Local) has 1..64 endpoints (and so do its external destinations), has
+no chain of its own (`PortPlan.shared`): its cluster IP's service-ips
+element goes to the skeleton's `dispatch-<proto>-<g>-<N>`, which masquerades
+as kube-proxy's chooser does (per local-traffic detector) and DNATs by (VIP,
+port, i), i uniform over 0..N-1, in `vip-endpoints-<proto>-<g>`, whose N
+elements the port owns. Aspects (cluster IP side; the external destinations,
+node port choosers and masquerade sets are test_rules_dispatch_external.py's):
+- which cluster-IP-only ports are dispatched (`PortPlan.shared_chooser`),
+  which keep chains;
 - the port's elements: service-ips (comment tagged KUBE-SVC-<h>/KUBE-SVL-<h>),
-  clusterip-endpoints (endpoint order, KUBE-SEP-<h> comments), per
-  generation and protocol, and what picking from them amounts to;
-- the skeleton's 3 x 64 shared choosers per generation and their masquerade
+  vip-endpoints (endpoint order, KUBE-SEP-<h> comments), per generation and
+  protocol, and what picking from them amounts to;
+- the skeleton's 3 x 64 VIP choosers per generation and their masquerade
   rule per detector; the maps' declarations (text only on 1.0.6);
 - skeleton.generation_of / chain_generation over the new names;
 - a 10,000-port cluster-IP-only cluster renders no per-service chain.
@@ -33,13 +37,13 @@ from builders import (
     EP1,
     EP2,
     EP3,
+    ETP_LOCAL_NODEPORT,
     ITP_LOCAL,
     LB,
     LOCAL,
     LOCAL_AND_REMOTE,
     MASQ,
     NODE,
-    NODEPORT,
     REMOTE,
     SVC,
     SVC1,
@@ -47,6 +51,7 @@ from builders import (
     chain_of,
     context,
     endpoint,
+    many,
     render,
     rules_of,
     sep,
@@ -79,11 +84,6 @@ V4, V6 = IPFamily.IPV4, IPFamily.IPV6
 PROTOCOLS = ("tcp", "udp", "sctp")
 GENERATIONS = ("a", "b", "c")
 CIP6 = "fd00:172:30::41"
-
-
-def many(n: int, *, local: bool = False, base: str = "10.180") -> tuple[Endpoint, ...]:
-    """n distinct endpoints (10.180.0.1, ...), remote unless `local`."""
-    return tuple(endpoint(f"{base}.{i // 250}.{i % 250 + 1}", local=local) for i in range(n))
 
 
 def elements_in(fragment: Fragment, set_name: str) -> list[Element]:
@@ -131,7 +131,7 @@ def test_a_cluster_ip_only_port_without_affinity_uses_a_shared_chooser(
     assert fragment.chains == ()
     n, proto = len(chosen), port.protocol.nft
     assert service_ips_target(fragment) == f"dispatch-{proto}-a-{n}"
-    picked = elements_in(fragment, f"clusterip-endpoints-{proto}-a")
+    picked = elements_in(fragment, f"vip-endpoints-{proto}-a")
     assert [(e.key, e.value.ip if isinstance(e.value, Target) else None) for e in picked] == [
         ((port.cluster_ip, port.port, i), ip) for i, ip in enumerate(chosen)]
 
@@ -139,10 +139,12 @@ def test_a_cluster_ip_only_port_without_affinity_uses_a_shared_chooser(
 OWN_CHAINS = [
     pytest.param(SVC1, (), set(), id="no endpoints: rejected, no chooser at all"),
     pytest.param(ITP_LOCAL, REMOTE, set(), id="iTP=Local without a local endpoint: dropped"),
-    pytest.param(NODEPORT, REMOTE, {"SVC", "EXT"}, id="node port"),
-    pytest.param(service_port(external_ips=(EIP,)), REMOTE, {"SVC", "EXT"}, id="external IP"),
-    pytest.param(service_port(load_balancer_ingress=(LoadBalancerIngress(LB),)), REMOTE,
-                 {"SVC", "EXT"}, id="LB VIP"),
+    pytest.param(ETP_LOCAL_NODEPORT, REMOTE, {"SVC", "EXT"}, id="eTP=Local node port"),
+    pytest.param(service_port(external_ips=(EIP,), external_traffic_policy=LOCAL), REMOTE,
+                 {"SVC", "EXT"}, id="eTP=Local external IP"),
+    pytest.param(service_port(load_balancer_ingress=(LoadBalancerIngress(LB),),
+                              external_traffic_policy=LOCAL), LOCAL_AND_REMOTE,
+                 {"SVC", "SVL", "EXT"}, id="eTP=Local LB VIP"),
     pytest.param(AFFINITY, REMOTE, {"SVC"}, id="ClientIP affinity"),
     pytest.param(replace(ITP_LOCAL, session_affinity=SessionAffinity.CLIENT_IP),
                  LOCAL_AND_REMOTE, {"SVL"}, id="iTP=Local with ClientIP affinity"),
@@ -155,11 +157,14 @@ OWN_CHAINS = [
 def test_other_ports_keep_their_own_chains(
     port: ServicePort, endpoints: tuple[Endpoint, ...], chains: set[str]
 ) -> None:
-    assert plan_port(port, endpoints, context()).shared_chooser is None
+    plan = plan_port(port, endpoints, context())
+    assert plan.shared_chooser is None
+    assert plan.shared is not bool(chains)  # vacuously shared: no destination has a chooser
     fragment = render(port, endpoints).fragment
     label = {SVC: "SVC", SVL: "SVL", names.external_chain(port.name): "EXT"}
     assert {label[c.name] for c in fragment.chains} == chains
-    assert not any(e.set_name.startswith("clusterip-endpoints-") for e in fragment.elements)
+    assert not any(e.set_name.startswith(("vip-endpoints-", "nodeport-endpoints-", "masquerade-"))
+                   for e in fragment.elements)
     targets = {str(e.value) for e in fragment.elements if isinstance(e.value, Verdict)}
     assert not any("dispatch-" in t for t in targets)
 
@@ -190,8 +195,8 @@ def test_the_service_ips_element_goes_to_the_shared_chooser_of_its_count_and_gen
         f"ns1/svc1:p80 {SVC}")]
     hairpin = "hairpin-endpoints" + ("" if generation == "a" else f"-{generation}")
     assert {e.set_name for e in fragment.elements} == {
-        "cluster-ips", "service-ips", f"clusterip-endpoints-tcp-{generation}", hairpin}
-    assert len(elements_in(fragment, f"clusterip-endpoints-tcp-{generation}")) == n
+        "cluster-ips", "service-ips", f"vip-endpoints-tcp-{generation}", hairpin}
+    assert len(elements_in(fragment, f"vip-endpoints-tcp-{generation}")) == n
 
 
 def test_the_service_ips_comment_of_itp_local_names_kube_svl() -> None:
@@ -208,18 +213,18 @@ def test_shared_elements_are_the_endpoints_in_order_keyed_by_cluster_ip() -> Non
     elements are; keyed by the service's port, valued by the endpoint's."""
     eps = (endpoint(EP3), endpoint(EP1, 8080), endpoint(EP2))
     fragment = render(SVC1, eps).fragment
-    assert elements_in(fragment, "clusterip-endpoints-tcp-a") == [
-        Element("clusterip-endpoints-tcp-a", (CIP, 80, 0), Target(EP1, 8080),
+    assert elements_in(fragment, "vip-endpoints-tcp-a") == [
+        Element("vip-endpoints-tcp-a", (CIP, 80, 0), Target(EP1, 8080),
                 f"ns1/svc1:p80 -> {EP1}:8080 {sep(EP1, number=8080)}"),
-        Element("clusterip-endpoints-tcp-a", (CIP, 80, 1), Target(EP2, 80),
+        Element("vip-endpoints-tcp-a", (CIP, 80, 1), Target(EP2, 80),
                 f"ns1/svc1:p80 -> {EP2}:80 {sep(EP2)}"),
-        Element("clusterip-endpoints-tcp-a", (CIP, 80, 2), Target(EP3, 80),
+        Element("vip-endpoints-tcp-a", (CIP, 80, 2), Target(EP3, 80),
                 f"ns1/svc1:p80 -> {EP3}:80 {sep(EP3)}"),
     ]
     dns = service_port("dns", port_name="dns", port=53, protocol=L4Protocol.UDP)
     fragment = render(dns, (endpoint(EP1, 5353),)).fragment
-    assert elements_in(fragment, "clusterip-endpoints-udp-a") == [
-        Element("clusterip-endpoints-udp-a", (CIP, 53, 0), Target(EP1, 5353),
+    assert elements_in(fragment, "vip-endpoints-udp-a") == [
+        Element("vip-endpoints-udp-a", (CIP, 53, 0), Target(EP1, 5353),
                 f"ns1/dns:dns -> {EP1}:5353 {sep(EP1, dns, 5353)}")]
     assert service_ips_target(fragment) == "dispatch-udp-a-1"
 
@@ -260,7 +265,7 @@ def test_shared_element_comments_of_a_maximal_service_keep_their_kube_tags() -> 
     eps = (endpoint("fd00:10:180::ffff:ffff", 65535), endpoint("fd00:10:180::2"))
     fragment = render(port, eps).fragment
     (ip_element,) = elements_in(fragment, "service-ips")
-    picked = elements_in(fragment, "clusterip-endpoints-tcp-a")
+    picked = elements_in(fragment, "vip-endpoints-tcp-a")
     tags = [names.endpoint_chain(port.name, ep) for ep in sorted(eps)]
     comments = [str(e.comment) for e in (*picked, ip_element)]
     assert [c.rsplit(" ", 1)[1] for c in comments] == [*tags, names.service_chain(port.name)]
@@ -286,7 +291,8 @@ def test_the_skeleton_holds_3_protocols_x_64_shared_choosers_of_its_generation(
     generation: str, family: IPFamily, ip: str
 ) -> None:
     skeleton = render_skeleton(family, CONFIG, NODE, generation=generation)
-    dispatch = [c for c in skeleton.chains if c.name.startswith("dispatch-")]
+    dispatch = [c for c in skeleton.chains
+                if c.name.startswith("dispatch-") and not c.name.startswith("dispatch-nodeport-")]
     assert [c.name for c in dispatch] == [
         f"dispatch-{p}-{generation}-{n}" for p in PROTOCOLS for n in range(1, 65)]
     assert all(c.hook is None for c in dispatch)
@@ -294,27 +300,31 @@ def test_the_skeleton_holds_3_protocols_x_64_shared_choosers_of_its_generation(
         _, p, _, n = chain.name.split("-")
         last = chain.rules[-1]
         assert (text(last), last.comment) == (
-            shared_dnat(int(n), p, generation, ip), f"cluster IP -> {n} endpoints")
-    maps = {s.name for s in skeleton.sets if s.name.startswith("clusterip-endpoints-")}
-    assert maps == {f"clusterip-endpoints-{p}-{generation}" for p in PROTOCOLS}
+            shared_dnat(int(n), p, generation, ip), f"VIP -> {n} endpoints")
+    maps = {s.name for s in skeleton.sets if s.name.startswith("vip-endpoints-")}
+    assert maps == {f"vip-endpoints-{p}-{generation}" for p in PROTOCOLS}
 
 
 def _masquerade_rules(
     family: IPFamily, config: ProxyConfig, node: NodeInfo
 ) -> set[tuple[str, ...]]:
-    """What every shared chooser of the skeleton does before its DNAT (one
-    set member: they all do the same), with each rule's comment."""
+    """What every shared VIP chooser of the skeleton does before its DNAT
+    (one set member: they all do the same), with each rule's comment; the
+    node port choosers do nothing before it (KUBE-NODEPORTS marks)."""
     skeleton = render_skeleton(family, config, node)
+    assert {len(c.rules) for c in skeleton.chains
+            if c.name.startswith("dispatch-nodeport-")} == {1}
     return {
         tuple(f"{text(r)} # {r.comment}" for r in c.rules[:-1])
-        for c in skeleton.chains if c.name.startswith("dispatch-")
+        for c in skeleton.chains
+        if c.name.startswith("dispatch-") and not c.name.startswith("dispatch-nodeport-")
     }
 
 
 def _own_masquerade_rule(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> list[str]:
-    """The masquerade rule a node port's own KUBE-SVC starts with, minus its
-    cluster IP match (only the cluster IP's element leads to a shared chooser)."""
-    port = service_port(family=family, node_port=3001)
+    """The masquerade rule an eTP=Local node port's own KUBE-SVC starts with,
+    minus its cluster IP match (the shared chooser has none)."""
+    port = service_port(family=family, node_port=3001, external_traffic_policy=LOCAL)
     ctx = context(family, config, node)
     ep = endpoint("10.180.0.1" if family is V4 else "fd00:10:180::1")
     fragment = render_service_port(port, (ep,), ctx).fragment
@@ -359,28 +369,30 @@ def test_every_shared_chooser_masquerades_as_the_detector_says(
     assert _own_masquerade_rule(family, config, node) == ([] if masq is None else [masq])
 
 
+@pytest.mark.parametrize("kind", ["vip", "nodeport"])
 @pytest.mark.parametrize(("family", "ip", "addr"), [(V4, "ip", "ipv4_addr"),
                                                     (V6, "ip6", "ipv6_addr")])
-def test_clusterip_endpoints_maps_are_declared_by_key_and_data_selectors(
-    family: IPFamily, ip: str, addr: str
+def test_shared_choosers_maps_are_declared_by_key_and_data_selectors(
+    family: IPFamily, ip: str, addr: str, kind: str
 ) -> None:
-    """Key: cluster IP . port . index; data: endpoint . port; the integer
-    index makes libnftables 1.0.6 declare them in nft text only, 1.1.x by
-    typeof in JSON."""
+    """Key: VIP . port . index (vip-endpoints) or node port . index
+    (nodeport-endpoints); data: endpoint . port; the integer index makes
+    libnftables 1.0.6 declare them in nft text only, 1.1.x by typeof in JSON."""
     skeleton = render_skeleton(family, CONFIG, NODE, generation="b")
-    decls = {s.name: s for s in skeleton.sets if s.name.startswith("clusterip-endpoints-")}
+    decls = {s.name: s for s in skeleton.sets}
     old, new = Table(ip, "nftproxy"), Table(ip, "nftproxy", typeof=True)
     for p in PROTOCOLS:
-        d = decls[f"clusterip-endpoints-{p}-b"]
-        assert (d.key, d.data) == ((f"{ip} daddr", f"{p} dport", NUMGEN_KEY),
-                                   (f"{ip} daddr", f"{p} dport"))
-        assert (d.type, d.map) == ((addr, "inet_service", "integer"), f"{addr} . inet_service")
+        d = decls[f"{kind}-endpoints-{p}-b"]
+        vip = (f"{ip} daddr",) if kind == "vip" else ()
+        types = (addr,) if kind == "vip" else ()
+        assert (d.key, d.data) == ((*vip, f"{p} dport", NUMGEN_KEY), (f"{ip} daddr", f"{p} dport"))
+        assert (d.type, d.map) == ((*types, "inet_service", "integer"), f"{addr} . inet_service")
         assert (d.flags, d.elements, d.dynamic) == ((), (), False)
         assert d.text_only and old.declares_in_text(d) and not new.declares_in_text(d)
         with pytest.raises(OpError):
             old.add_set(d)
-        assert f"typeof {ip} daddr . {p} dport . numgen random mod 1 : {ip} daddr . {p} dport;" in (
-            old.declare_text(d))
+        key = " . ".join((*vip, f"{p} dport", "numgen random mod 1"))
+        assert f"typeof {key} : {ip} daddr . {p} dport;" in old.declare_text(d)
         declared = new.add_set(d)["add"]["map"]
         assert declared["map"] == {"typeof": {"concat": [
             {"payload": {"protocol": ip, "field": "daddr"}},
@@ -391,10 +403,10 @@ def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
     for g in GENERATIONS:
         skeleton = render_skeleton(V4, CONFIG, NODE, generation=g)
         in_generations = [c.name for c in skeleton.chains if sk.chain_generation(c.name)]
-        assert len(in_generations) == 3 * 64
+        assert len(in_generations) == 2 * 3 * 64
         assert {sk.chain_generation(c) for c in in_generations} == {g}
         for p in PROTOCOLS:
-            name = f"clusterip-endpoints-{p}-{g}"
+            name = f"vip-endpoints-{p}-{g}"
             assert sk.generation_of(name) == g
             assert not sk.is_endpoints_map(name) and not sk.is_hairpin_set(name)
             assert not sk.is_unsharded_endpoints_map(name)
@@ -402,9 +414,18 @@ def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
             assert sk.chain_generation(f"dispatch-{p}-{g}-1") == g
             assert sk.chain_generation(f"dispatch-{p}-{g}-64") == g
             assert sk.generation_of(f"dispatch-{p}-{g}-1") is None
+            nodeports = f"nodeport-endpoints-{p}-{g}"
+            assert sk.generation_of(nodeports) == g and sk.chain_generation(nodeports) is None
+            assert not sk.is_endpoints_map(nodeports) and not sk.is_hairpin_set(nodeports)
+            assert sk.chain_generation(f"dispatch-nodeport-{p}-{g}-1") == g
+            assert sk.chain_generation(f"dispatch-nodeport-{p}-{g}-64") == g
+            assert sk.generation_of(f"dispatch-nodeport-{p}-{g}-1") is None
     for other in ("dispatch-tcp-a-0", "dispatch-tcp-a-65", "dispatch-tcp-d-1", "KUBE-SERVICES",
-                  "hairpin-endpoints", "endpoints-tcp-a-00"):
+                  "hairpin-endpoints", "endpoints-tcp-a-00", "dispatch-nodeport-tcp-a-65",
+                  "clusterip-endpoints-tcp-a", "masquerade-vips", "masquerade-nodeports"):
         assert sk.chain_generation(other) is None, other
+    for plain in ("masquerade-vips", "masquerade-nodeports", "clusterip-endpoints-tcp-a"):
+        assert sk.generation_of(plain) is None, plain
 
 
 # --- at scale ----------------------------------------------------------------------
@@ -429,6 +450,6 @@ def test_a_10000_port_cluster_ip_only_cluster_renders_no_per_service_chain() -> 
     targets = {service_ips_target(f) for f in fragments.values()}
     assert targets == {f"dispatch-{p}-a-{n}" for p in PROTOCOLS for n in range(1, 6)}
     assert targets <= skeleton.chain_names()
-    picked = sum(e.set_name.startswith("clusterip-endpoints-")
+    picked = sum(e.set_name.startswith("vip-endpoints-")
                  for f in fragments.values() for e in f.elements)
     assert picked == sum(map(len, endpoints.values())) == 30_000

@@ -7,13 +7,16 @@ kube-proxy's words (docs/kube-proxy-semantics.md, upstream-nftables-notes.md
   (service-ips and friends, hairpin-endpoints, firewall-vips/-allow), and
   which chains exist (one table of sentence-named cases), including external
   and internal traffic policy Local and terminating endpoints;
-- masquerade decisions per local-traffic detector and per protocol;
 - every private renderer has a test in one of the four modules (meta-test
   at the end).
-Since ruleset v7 a cluster-IP-only port without affinity and with 1..64
-endpoints has no chain: its cluster IP goes to the skeleton's shared chooser
-(rules/dispatch.py), so the chooser tests use a node port to keep their own
-KUBE-SVC/SVL, and check the shared chooser's rules beside.
+Since ruleset v7 a port without affinity, without an eTP=Local external
+destination and with 1..64 endpoints at each destination has no chain: its
+destinations go to the skeleton's shared choosers (rules/dispatch.py), so
+the chooser tests use an eTP=Local node port (ETP_LOCAL_NODEPORT) or
+ClientIP affinity to keep their own KUBE-SVC/SVL/EXT, and check the shared
+choosers' rules beside.
+test_rules_masquerade.py: masquerade decisions per local-traffic detector
+and per protocol.
 test_rules_dispatch.py: which ports are dispatched, their elements, the
 shared choosers and maps of the skeleton.
 test_rules_service_endpoints.py: the chooser's map pick and its endpoints-map
@@ -46,42 +49,26 @@ from builders import (
     LB_RANGES,
     LOCAL,
     LOCAL_AND_REMOTE,
-    MASQ,
-    NODE,
     NODEPORT,
     REMOTE,
-    SVC,
-    SVC1,
-    SVL,
     Elements,
-    chain_of,
-    context,
     dispatch,
     endpoint,
     hairpin,
     labels,
-    picks,
     render,
-    rules_of,
     service_port,
-    shared_dnat,
-    text,
 )
 
-from nftproxy.core.config import DetectLocalMode, ProxyConfig
+from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import (
     Endpoint,
     IPMode,
-    L4Protocol,
     LoadBalancerIngress,
-    NodeInfo,
     ServicePort,
     SessionAffinity,
 )
-from nftproxy.core.rules import names
 from nftproxy.core.rules import service as service_mod
-from nftproxy.core.rules.fragment import Verdict
-from nftproxy.core.rules.skeleton import render_skeleton
 
 # --- dispatch: one table of cases ---------------------------------------------
 
@@ -107,15 +94,33 @@ CLUSTER_IPS: Elements = {"cluster-ips": {(CIP,): None}}
 SVC_CIP: Elements = {**CLUSTER_IPS, "service-ips": {(CIP, "tcp", 80): "goto SVC"}}
 
 
-def shared(*ips: str) -> Elements:
-    """A cluster-IP-only port's elements (v7, rules/dispatch.py): its
-    service-ips element goes to the skeleton's shared chooser of its count,
-    which picks from its clusterip-endpoints elements, one per endpoint `ips`
-    in order; it is an active cluster IP."""
-    return {
+def shared(*ips: str, vips: tuple[str, ...] = (), node_port: int = 0) -> Elements:
+    """A shared port's elements (v7, rules/dispatch.py): the service-ips
+    element of its cluster IP and of each external VIP `vips` goes to the
+    skeleton's shared chooser of its count, which picks from the VIP's
+    vip-endpoints elements, one per endpoint `ips` in order; the VIPs are
+    marked for masquerade (masquerade-vips); it is an active cluster IP.
+    With a `node_port`: its service-nodeports element goes to the node port
+    chooser of its count, which picks from its nodeport-endpoints elements,
+    and it is marked for masquerade (masquerade-nodeports)."""
+    dests = (CIP, *vips)
+    out: Elements = {
         **CLUSTER_IPS,
-        "service-ips": {(CIP, "tcp", 80): f"goto dispatch-tcp-a-{len(ips)}"},
-        "clusterip-endpoints-tcp-a": {(CIP, 80, i): f"{ip}:80" for i, ip in enumerate(ips)},
+        "service-ips": {(d, "tcp", 80): f"goto dispatch-tcp-a-{len(ips)}" for d in dests},
+        "vip-endpoints-tcp-a": {
+            (d, 80, i): f"{ip}:80" for d in dests for i, ip in enumerate(ips)},
+    }
+    if vips:
+        out["masquerade-vips"] = {(v, "tcp", 80): None for v in vips}
+    return {**out, **(shared_nodeport(node_port, *ips) if node_port else {})}
+
+
+def shared_nodeport(node_port: int, *ips: str) -> Elements:
+    """A shared port's node port elements (see `shared`)."""
+    return {
+        "service-nodeports": {("tcp", node_port): f"goto dispatch-nodeport-tcp-a-{len(ips)}"},
+        "nodeport-endpoints-tcp-a": {(node_port, i): f"{ip}:80" for i, ip in enumerate(ips)},
+        "masquerade-nodeports": {("tcp", node_port): None},
     }
 
 
@@ -143,8 +148,12 @@ DISPATCH_CASES = [
         frozenset(),
     ),
     Case(
-        "node port with eTP=Cluster goes to KUBE-EXT",
-        NODEPORT, REMOTE,
+        "node port with eTP=Cluster goes to the shared node port chooser, marked for masquerade",
+        NODEPORT, REMOTE, {**shared(EP1, node_port=3001), **hairpin(EP1)}, frozenset(),
+    ),
+    Case(
+        "node port with ClientIP affinity goes to its own KUBE-EXT",
+        replace(AFFINITY, node_port=3001), REMOTE,
         {**SVC_CIP, "service-nodeports": {("tcp", 3001): "goto EXT"}, **hairpin(EP1)},
         frozenset({"SVC", "EXT"}),
     ),
@@ -159,8 +168,12 @@ DISPATCH_CASES = [
         frozenset(),
     ),
     Case(
-        "external IP goes to KUBE-EXT",
-        EXTERNAL_IP, REMOTE,
+        "external IP goes to the shared chooser, marked for masquerade",
+        EXTERNAL_IP, REMOTE, {**shared(EP1, vips=(EIP,)), **hairpin(EP1)}, frozenset(),
+    ),
+    Case(
+        "external IP with ClientIP affinity goes to its own KUBE-EXT",
+        replace(AFFINITY, external_ips=(EIP,)), REMOTE,
         {
             **CLUSTER_IPS,
             "service-ips": {(CIP, "tcp", 80): "goto SVC", (EIP, "tcp", 80): "goto EXT"},
@@ -176,8 +189,13 @@ DISPATCH_CASES = [
         frozenset(),
     ),
     Case(
-        "LB VIP goes to KUBE-EXT and an ipMode Proxy ingress is not captured",
-        LB_PORT, REMOTE,
+        "LB VIP goes to the shared chooser and an ipMode Proxy ingress is not captured",
+        LB_PORT, REMOTE, {**shared(EP1, vips=(LB,), node_port=3001), **hairpin(EP1)},
+        frozenset(),
+    ),
+    Case(
+        "LB VIP with ClientIP affinity goes to its own KUBE-EXT, Proxy ingress not captured",
+        replace(LB_PORT, session_affinity=SessionAffinity.CLIENT_IP), REMOTE,
         {
             **CLUSTER_IPS,
             "service-ips": {(CIP, "tcp", 80): "goto SVC", (LB, "tcp", 80): "goto EXT"},
@@ -199,7 +217,12 @@ DISPATCH_CASES = [
     ),
     Case(
         "LB VIP with source ranges is a firewall-vips element with its allowed ranges",
-        LB_RANGES, REMOTE,
+        LB_RANGES, REMOTE, {**shared(EP1, vips=(LB,)), **FIREWALLED, **hairpin(EP1)},
+        frozenset(),
+    ),
+    Case(
+        "LB VIP with source ranges and its own KUBE-EXT has the same firewall elements",
+        replace(LB_RANGES, session_affinity=SessionAffinity.CLIENT_IP), REMOTE,
         {
             **CLUSTER_IPS,
             "service-ips": {(CIP, "tcp", 80): "goto SVC", (LB, "tcp", 80): "goto EXT"},
@@ -290,10 +313,10 @@ DISPATCH_CASES = [
         {
             **CLUSTER_IPS,
             "no-endpoint-services": {(CIP, "tcp", 80): "drop"},
-            "service-nodeports": {("tcp", 3001): "goto EXT"},
+            **shared_nodeport(3001, EP1),
             **hairpin(EP1),
         },
-        frozenset({"SVC", "EXT"}),
+        frozenset(),
         internal_dropped=True,
     ),
     Case(
@@ -309,9 +332,8 @@ DISPATCH_CASES = [
     ),
     Case(
         "terminating endpoints serve their own KUBE-SVC when none is ready",
-        NODEPORT, (endpoint(EP2, ready=False, terminating=True, serving=True),),
-        {**SVC_CIP, "service-nodeports": {("tcp", 3001): "goto EXT"}, **hairpin(EP2)},
-        frozenset({"SVC", "EXT"}),
+        AFFINITY, (endpoint(EP2, ready=False, terminating=True, serving=True),),
+        {**SVC_CIP, **hairpin(EP2)}, frozenset({"SVC"}),
     ),
     Case(
         "non-serving terminating endpoints count as no endpoints",
@@ -348,150 +370,13 @@ def test_no_port_declares_a_set_of_its_own() -> None:
     assert render(affinity, REMOTE).fragment.sets == ()
 
 
-# --- masquerade ------------------------------------------------------------------
-# In two places (v7): the KUBE-SVC/SVL of a port with its own chooser (a node
-# port here), and the skeleton's shared chooser a cluster-IP-only port goes to.
-
-CIP_MATCH = f"ip daddr {CIP} tcp dport 80 "
-"""What the own chooser's rule matches before the source; the shared chooser
-needs no such match: only its cluster IP's service-ips element goes there."""
-
-
-def shared_chooser_rules(
-    port: ServicePort,
-    endpoints: tuple[Endpoint, ...] = REMOTE,
-    config: ProxyConfig = CONFIG,
-    node: NodeInfo = NODE,
-) -> list[str]:
-    """The rules of the skeleton's shared chooser (same config and node) that
-    the cluster-IP-only `port`'s service-ips element goes to; the port has
-    no chain."""
-    fragment = render(port, endpoints, config=config, node=node).fragment
-    assert fragment.chains == ()
-    (goto,) = [e.value for e in fragment.elements if e.set_name == "service-ips"]
-    assert isinstance(goto, Verdict) and goto.kind == "goto"
-    skeleton = render_skeleton(port.family, config, node)
-    return [text(r) for r in chain_of(skeleton, goto.target).rules]
-
-
-
-@pytest.mark.parametrize(
-    ("config", "masq_rule"),
-    [
-        pytest.param(
-            CONFIG, f"ip daddr {CIP} tcp dport 80 ip saddr != 10.0.0.0/8 {MASQ}",
-            id="ClusterCIDR detector masquerades sources outside the cluster CIDR",
-        ),
-        pytest.param(
-            replace(CONFIG, cluster_cidrs=("10.0.0.0/8", "100.64.0.0/10", "fd00:10::/48")),
-            f"ip daddr {CIP} tcp dport 80 ip saddr != {{ 10.0.0.0/8, 100.64.0.0/10 }} {MASQ}",
-            id="several cluster CIDRs of the family form one anonymous set",
-        ),
-        pytest.param(
-            replace(CONFIG, masquerade_all=True), f"ip daddr {CIP} tcp dport 80 {MASQ}",
-            id="masqueradeAll masquerades every source",
-        ),
-        pytest.param(
-            replace(CONFIG, detect_local_mode=DetectLocalMode.NODE_CIDR),
-            f"ip daddr {CIP} tcp dport 80 ip saddr != 10.0.1.0/24 {MASQ}",
-            id="NodeCIDR detector uses the node's pod CIDR",
-        ),
-        pytest.param(
-            replace(CONFIG, detect_local_mode=DetectLocalMode.BRIDGE_INTERFACE,
-                    bridge_interface="cbr0"),
-            f"ip daddr {CIP} tcp dport 80 iifname != cbr0 {MASQ}",
-            id="BridgeInterface detector matches the bridge",
-        ),
-        pytest.param(
-            replace(CONFIG, detect_local_mode=DetectLocalMode.INTERFACE_NAME_PREFIX,
-                    interface_name_prefix="veth"),
-            f"ip daddr {CIP} tcp dport 80 iifname != veth* {MASQ}",
-            id="InterfaceNamePrefix detector matches the prefix wildcard",
-        ),
-    ],
-)
-def test_cluster_ip_masquerade_rule_comes_first_in_kube_svc(
-    config: ProxyConfig, masq_rule: str
-) -> None:
-    fragment = render(NODEPORT, REMOTE, config=config).fragment
-    assert rules_of(fragment, SVC) == [masq_rule, picks(EP1)]
-    assert shared_chooser_rules(SVC1, config=config) == [
-        masq_rule.removeprefix(CIP_MATCH), shared_dnat(1)]
-
-
-@pytest.mark.parametrize(
-    "config",
-    [
-        pytest.param(replace(CONFIG, cluster_cidrs=()), id="ClusterCIDR without a cluster CIDR"),
-        pytest.param(replace(CONFIG, cluster_cidrs=("fd00:10::/48",)),
-                     id="ClusterCIDR with a cluster CIDR of the other family only"),
-        pytest.param(replace(CONFIG, detect_local_mode=DetectLocalMode.BRIDGE_INTERFACE),
-                     id="BridgeInterface without a bridge name"),
-    ],
-)
-def test_without_a_detector_cluster_ip_traffic_is_never_masqueraded(config: ProxyConfig) -> None:
-    assert context(config=config).detector is None
-    fragment = render(NODEPORT, REMOTE, config=config).fragment
-    assert rules_of(fragment, SVC) == [picks(EP1)]
-    assert shared_chooser_rules(SVC1, config=config) == [shared_dnat(1)]
-
-
-def test_without_a_detector_masquerade_all_still_masquerades() -> None:
-    config = replace(CONFIG, cluster_cidrs=(), masquerade_all=True)
-    fragment = render(NODEPORT, REMOTE, config=config).fragment
-    assert rules_of(fragment, SVC)[0] == f"ip daddr {CIP} tcp dport 80 {MASQ}"
-    assert shared_chooser_rules(SVC1, config=config) == [MASQ, shared_dnat(1)]
-
-
-def test_node_cidr_detector_without_pod_cidr_is_no_detector() -> None:
-    config = replace(CONFIG, detect_local_mode=DetectLocalMode.NODE_CIDR)
-    node = replace(NODE, pod_cidrs=())
-    fragment = render(NODEPORT, REMOTE, config=config, node=node).fragment
-    assert rules_of(fragment, SVC) == [picks(EP1)]
-    assert shared_chooser_rules(SVC1, config=config, node=node) == [shared_dnat(1)]
-    with_pod_cidr = shared_chooser_rules(SVC1, config=config)
-    assert with_pod_cidr == [f"ip saddr != 10.0.1.0/24 {MASQ}", shared_dnat(1)]
-
-
-def test_itp_local_masquerade_rule_lives_in_kube_svl() -> None:
-    fragment = render(replace(ITP_LOCAL, node_port=3001), LOCAL_AND_REMOTE).fragment
-    assert rules_of(fragment, SVL) == [
-        f"ip daddr {CIP} tcp dport 80 ip saddr != 10.0.0.0/8 {MASQ}",
-        picks(EP1),
-    ]
-    # cluster IP only: KUBE-SVL's shared chooser, of the one local endpoint
-    assert shared_chooser_rules(ITP_LOCAL, LOCAL_AND_REMOTE) == [
-        f"ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1)]
-
-
-def test_itp_local_with_external_access_keeps_kube_svc_free_of_the_cluster_ip_rule() -> None:
-    port = replace(ITP_LOCAL, node_port=3001)
-    fragment = render(port, LOCAL_AND_REMOTE).fragment
-    assert all("ip daddr" not in r for r in rules_of(fragment, SVC))
-    assert rules_of(fragment, SVL)[0].endswith(MASQ)
-
-
-@pytest.mark.parametrize("protocol", [L4Protocol.UDP, L4Protocol.SCTP], ids=lambda p: p.value)
-def test_masquerade_rule_matches_the_service_protocol(protocol: L4Protocol) -> None:
-    port = service_port(protocol=protocol, node_port=3001)
-    fragment = render(port, REMOTE).fragment
-    rules = rules_of(fragment, names.service_chain(port.name))
-    assert rules[0] == f"ip daddr {CIP} {protocol.nft} dport 80 ip saddr != 10.0.0.0/8 {MASQ}"
-    assert dispatch(fragment, labels(port))["service-ips"] == {
-        (CIP, protocol.nft, 80): "goto SVC"}
-    cluster_ip_only = replace(port, node_port=0)
-    fragment = render(cluster_ip_only, REMOTE).fragment
-    assert dispatch(fragment, labels(port))["service-ips"] == {
-        (CIP, protocol.nft, 80): f"goto dispatch-{protocol.nft}-a-1"}
-    assert shared_chooser_rules(cluster_ip_only) == [
-        f"ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1, protocol.nft)]
-
-
 # --- meta-test: every renderer has a test ------------------------------------
 
 RENDERER_TESTS = {
     "_cluster_ip_elements": "test_dispatch",
-    "_shared_elements": "test_shared_elements_are_the_endpoints_in_order_keyed_by_cluster_ip",
+    "_shared_vip": "test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements",
+    "_shared_nodeport": "test_the_node_port_goes_to_the_shared_node_port_chooser",
+    "_picked": "test_shared_elements_are_the_endpoints_in_order_keyed_by_cluster_ip",
     "_external_elements": "test_dispatch",
     "_nodeport_elements": "test_dispatch",
     "_masquerade_rule": "test_cluster_ip_masquerade_rule_comes_first_in_kube_svc",
@@ -509,9 +394,11 @@ RENDERED = ("Chain", "Element", "Rule", "SetDecl", "Json")
 """What a renderer returns (in its annotation); a helper returns none of these."""
 SERVICE_TEST_MODULES = (
     "test_rules_service.py",
+    "test_rules_masquerade.py",
     "test_rules_service_endpoints.py",
     "test_rules_service_external.py",
     "test_rules_dispatch.py",
+    "test_rules_dispatch_external.py",
 )
 """The modules testing rules/service.py, where RENDERER_TESTS's tests live."""
 

@@ -68,8 +68,14 @@ from nftproxy.core.rules.service import RenderContext, render_service_port
 
 
 def test_etp_cluster_external_chain_masquerades_then_goes_to_kube_svc() -> None:
-    fragment = render(NODEPORT, REMOTE).fragment
+    sticky = replace(NODEPORT, session_affinity=SessionAffinity.CLIENT_IP)
+    fragment = render(sticky, REMOTE).fragment
     assert rules_of(fragment, EXT) == [MASQ, f"goto {SVC}"]
+    # shared (v7, no affinity): no KUBE-EXT; its node port is marked for
+    # masquerade by the skeleton's KUBE-NODEPORTS, from masquerade-nodeports
+    fragment = render(NODEPORT, REMOTE).fragment
+    assert fragment.chains == ()
+    assert elements_of(fragment, "masquerade-nodeports") == {("tcp", 3001): None}
 
 
 POD_SHORT_CIRCUIT = f"ip saddr 10.0.0.0/8 goto {SVC}"
@@ -136,7 +142,7 @@ def test_etp_local_without_external_access_is_plain_cluster_ip() -> None:
     assert fragment == render(service_port(), REMOTE).fragment
     assert {c.name for c in fragment.chains} == set()
     assert set(dispatch(fragment, labels(port))) == {
-        "cluster-ips", "service-ips", "hairpin-endpoints", "clusterip-endpoints-tcp-a"}
+        "cluster-ips", "service-ips", "hairpin-endpoints", "vip-endpoints-tcp-a"}
     sticky = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render(sticky, REMOTE).fragment
     cluster = replace(sticky, external_traffic_policy=TrafficPolicy.CLUSTER)
@@ -224,7 +230,11 @@ def test_node_port_bypasses_source_ranges() -> None:
     vips, allow = _firewall(fragment)
     assert set(vips) == {(LB, "tcp", 80)}
     assert {key[:3] for key in allow} == {(LB, "tcp", 80)}
-    assert elements_of(fragment, "service-nodeports") == {("tcp", 3001): Verdict("goto", EXT)}
+    assert elements_of(fragment, "service-nodeports") == {
+        ("tcp", 3001): Verdict("goto", "dispatch-nodeport-tcp-a-1")}
+    own = render(replace(port, session_affinity=SessionAffinity.CLIENT_IP), REMOTE).fragment
+    assert _firewall(own) == (vips, allow)
+    assert elements_of(own, "service-nodeports") == {("tcp", 3001): Verdict("goto", EXT)}
 
 
 def test_ipv6_firewall_elements_and_lb_host_prefix() -> None:

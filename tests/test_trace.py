@@ -65,7 +65,10 @@ _BUILDERS: dict[str, Callable[[IPFamily], list[Any]]] = {
     "ct_state": lambda f: [expr.ct_state("new"), expr.ct_state("established", "related")],
     "dnat": lambda f: [expr.dnat("10.0.0.1" if f is V4 else "fd00::1", 8080)],
     "dnat_by_destination": lambda f: [
-        expr.dnat_by_destination(f, p, 3, f"clusterip-endpoints-{p.nft}-a") for p in L4Protocol
+        expr.dnat_by_destination(f, p, 3, f"vip-endpoints-{p.nft}-a") for p in L4Protocol
+    ],
+    "dnat_by_port": lambda f: [
+        expr.dnat_by_port(f, p, 3, f"nodeport-endpoints-{p.nft}-a") for p in L4Protocol
     ],
     "dnat_map": lambda f: [expr.dnat_map(f, (1139835961, 7), 3, "endpoints-tcp-a")],
     "drop": lambda f: [expr.drop()],

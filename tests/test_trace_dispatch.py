@@ -1,11 +1,16 @@
 """`nftproxy trace` through ruleset v7's shared choosers, in kube-proxy's words.
 
-A service port reached only at its cluster IP (no node port, external IP or
-LB VIP), without affinity, with 1..64 endpoints has no KUBE-SVC/SVL chain:
-its `service-ips` element goes to `dispatch-<proto>-<g>-<N>` (comment
+A service port without affinity or an eTP=Local external destination, with
+1..64 endpoints at each destination, has no chain of its own: its cluster
+IP's `service-ips` element goes to `dispatch-<proto>-<g>-<N>` (comment
 "ns/svc:port KUBE-SVC-<h>"), which DNATs by `ip daddr . tcp dport . numgen
-random mod N map @clusterip-endpoints-<proto>-<g>`. Aspects, on tables a
-full sync renders (FakeBackend):
+random mod N map @vip-endpoints-<proto>-<g>`; its external IPs and LB VIPs
+go to the same chooser (comment "... KUBE-EXT-<h>"), its node port to
+`dispatch-nodeport-<proto>-<g>-<N>` (`tcp dport . numgen random mod N map
+@nodeport-endpoints-<proto>-<g>`), each external destination marked for
+masquerade by KUBE-SERVICES' / KUBE-NODEPORTS' lookup in `masquerade-vips`
+/ `masquerade-nodeports`. Aspects, on tables a full sync renders
+(FakeBackend):
 - the path names the service port, the KUBE-SVC-<h> the element stands for
   (KUBE-SVL-<h> for internalTrafficPolicy=Local), the shared chooser
   (`chooser`, and the DNATing chain), each endpoint by its KUBE-SEP-<h>
@@ -14,9 +19,17 @@ full sync renders (FakeBackend):
 - masquerade through the shared chooser is attributed as kube-proxy's
   KUBE-SVC rule's: an off-cluster source, masqueradeAll, a pod's traffic
   kept;
-- a node-port service (its own KUBE-SVC/KUBE-EXT chains) and a
-  cluster-IP-only one coexist: each is traced through its own way, with
-  no chooser named for the first.
+- a node-port service that keeps its chains (externalTrafficPolicy=Local:
+  KUBE-SVC/KUBE-EXT/KUBE-SVL) and a cluster-IP-only one coexist: each is
+  traced through its own way, with no chooser named for the first;
+- an LB VIP, an external IP (dispatch-tcp-a-N) and a node port
+  (dispatch-nodeport-tcp-a-N) of an eTP=Cluster port: the path names the
+  service port, KUBE-EXT-<h> and the shared chooser, each endpoint's
+  KUBE-SEP-<h> with 1/N, in both families; the masquerade is KUBE-EXT's
+  (every source, a pod's too), attributed to the KUBE-SERVICES /
+  KUBE-NODEPORTS rule that looked the destination up, once (the
+  chooser's own cluster-IP rule adds no reason); its cluster IP is still
+  traced as KUBE-SVC-<h>.
 """
 
 from __future__ import annotations
@@ -66,14 +79,16 @@ def listings(objects: list[dict[str, Any]], config: ProxyConfig = CONFIG) -> dic
     return {f: backend.list_table(f, config.table_name) for f in ("ip", "ip6")}
 
 
-def cluster(*, itp: str | None = None, node_port: bool = False) -> list[dict[str, Any]]:
+def cluster(*, itp: str | None = None, node_port: bool = False,
+            etp: str | None = "Local") -> list[dict[str, Any]]:
     """web: cluster IP only, three endpoints in each family (two on this
-    node); with `node_port`, np too: a NodePort service, same endpoints."""
+    node); with `node_port`, np too: a NodePort service, same endpoints,
+    externalTrafficPolicy `etp` (Local: it keeps its chains)."""
     objs = [service("web", [VIPS["ip"], VIPS["ip6"]], itp=itp)]
     objs += [_slices("web", f, EPS[f]) for f in ("ip", "ip6")]
     if node_port:
         objs.append(service("np", [NP_VIPS["ip"], NP_VIPS["ip6"]], type="NodePort",
-                            node_ports=(30080,)))
+                            node_ports=(30080,), etp=etp))
         objs += [_slices("np", f, EPS[f]) for f in ("ip", "ip6")]
     return objs
 
@@ -153,5 +168,88 @@ def test_a_node_port_service_and_a_cluster_ip_only_one_coexist() -> None:
 
     node_port = run(tables, "192.168.1.2", "192.168.1.1", Origin.EXTERNAL, port=30080)
     assert {(p.chains, p.chooser) for p in node_port.paths} == {
-        ((names.external_chain(NP), names.service_chain(NP)), "")}
-    assert node_port.endpoints() == {f"{ip}:80": Fraction(1, 3) for ip in EPS["ip"]}
+        ((names.external_chain(NP), names.local_chain(NP)), "")}
+    assert node_port.endpoints() == {f"{ip}:80": Fraction(1, 2) for ip in EPS["ip"][:2]}
+
+
+# --- external destinations through the shared choosers ------------------------------------
+
+LB = ServicePortName("ns", "lb", "http", L4Protocol.TCP)
+LB_VIPS = {"ip": "10.96.0.40", "ip6": "fd00:96::40"}
+INGRESS = {"ip": "203.0.113.5", "ip6": "fd00:113::5"}
+EXTERNAL_IPS = {"ip": "192.168.7.7", "ip6": "fd00:7::7"}
+NODE_IPS = {"ip": "192.168.1.1", "ip6": "fd00:1::1"}
+CLIENTS = {"ip": "192.168.1.2", "ip6": "fd00:1::2"}
+
+
+def shared_lb() -> list[dict[str, Any]]:
+    """lb: a dual-stack LoadBalancer (ingress IP, external IP, node port
+    30090), externalTrafficPolicy Cluster, web's three endpoints: every
+    destination goes to a shared chooser."""
+    objs = [service("lb", [LB_VIPS["ip"], LB_VIPS["ip6"]], type="LoadBalancer",
+                    node_ports=(30090,), external_ips=list(EXTERNAL_IPS.values()),
+                    lb_ips=list(INGRESS.values()), etp="Cluster")]
+    return objs + [_slices("lb", f, EPS[f]) for f in ("ip", "ip6")]
+
+
+def _kube_ext_mark(rule: str, set_name: str) -> str:
+    return ("external destination of an externalTrafficPolicy=Cluster service: "
+            f"{names.external_chain(LB)}'s mark, set by {rule} (@{set_name})")
+
+
+VIP_MARK = _kube_ext_mark("KUBE-SERVICES/rule 1", "masquerade-vips")
+NODEPORT_MARK = _kube_ext_mark("KUBE-NODEPORTS/rule 1", "masquerade-nodeports")
+
+
+@pytest.mark.parametrize("family", ["ip", "ip6"])
+@pytest.mark.parametrize("kind", ["lb", "external-ip", "node-port"])
+def test_an_external_destination_is_traced_through_its_shared_chooser(
+    family: str, kind: str
+) -> None:
+    tables = listings(shared_lb())
+    dst, port = {"lb": (INGRESS[family], 80), "external-ip": (EXTERNAL_IPS[family], 80),
+                 "node-port": (NODE_IPS[family], 30090)}[kind]
+    chooser = "dispatch-nodeport-tcp-a-3" if kind == "node-port" else "dispatch-tcp-a-3"
+    result = run(tables, CLIENTS[family], dst, Origin.EXTERNAL, port=port)
+    assert result.endpoints() == {format_address(ip, 80): Fraction(1, 3) for ip in EPS[family]}
+    assert {(p.service, p.chains, p.chooser) for p in result.paths} == {
+        ("ns/lb:http", (names.external_chain(LB),), chooser)}
+    assert {p.endpoint.chain for p in result.paths if p.endpoint} == {chooser}
+    assert {p.endpoint.identity for p in result.paths if p.endpoint} == _seps(LB, EPS[family])
+    mark = NODEPORT_MARK if kind == "node-port" else VIP_MARK
+    # one reason: the chooser's cluster-IP rule marks an off-cluster source
+    # again, but the mark is KUBE-EXT's
+    assert {(p.masquerade, p.reasons) for p in result.paths} == {(True, (mark,))}
+    lines = render_text(result).splitlines()
+    ext = names.external_chain(LB)
+    assert lines[1] == f"  service ns/lb:http: {ext} (shared chooser {chooser})"
+    assert {line.split()[1] for line in lines[2:5]} == {format_address(ip, 80)
+                                                       for ip in EPS[family]}
+
+
+def test_kube_ext_marks_a_pods_traffic_too_and_the_cluster_ip_stays_kube_svc() -> None:
+    tables = listings(shared_lb())
+    pod = run(tables, "10.244.0.12", INGRESS["ip"], Origin.POD)
+    others = [p for p in pod.paths if p.endpoint and p.endpoint.address != "10.244.0.12"]
+    assert len(others) == 2
+    assert {(p.masquerade, p.reasons) for p in others} == {(True, (VIP_MARK,))}
+    cip = run(tables, "10.244.0.12", LB_VIPS["ip"], Origin.POD)
+    others = [p for p in cip.paths if p.endpoint and p.endpoint.address != "10.244.0.12"]
+    assert {(p.chains, p.chooser, p.masquerade, p.reasons) for p in others} == {
+        ((names.service_chain(LB),), "dispatch-tcp-a-3", False, ("not marked for masquerade",))}
+
+
+def test_a_port_keeping_its_chains_beside_a_shared_external_one() -> None:
+    tables = listings([*shared_lb(), *cluster(node_port=True, etp="Local")])
+    local = run(tables, CLIENTS["ip"], NODE_IPS["ip"], Origin.EXTERNAL, port=30080)
+    assert {(p.service, p.chains, p.chooser) for p in local.paths} == {
+        ("ns/np:http", (names.external_chain(NP), names.local_chain(NP)), "")}
+    assert {(p.masquerade, p.reasons) for p in local.paths} == {
+        (False, ("externalTrafficPolicy=Local: the client's address is kept",))}
+    shared = run(tables, CLIENTS["ip"], NODE_IPS["ip"], Origin.EXTERNAL, port=30090)
+    assert {(p.service, p.chains, p.chooser) for p in shared.paths} == {
+        ("ns/lb:http", (names.external_chain(LB),), "dispatch-nodeport-tcp-a-3")}
+    assert {(p.masquerade, p.reasons) for p in shared.paths} == {(True, (NODEPORT_MARK,))}
+    json_path = shared.to_json()["paths"][0]
+    assert (json_path["chooser"], json_path["chains"]) == (
+        "dispatch-nodeport-tcp-a-3", [names.external_chain(LB)])

@@ -6,6 +6,11 @@ sync` and a route out, so the namespace's own packets reach the output hook):
   trace's vocabulary (hook, chain #rule, the rule as nft prints it, the
   verdict) with its outcome (DNAT target, masquerade); the command stops
   after --count packets, and the table is exactly as before;
+- a TCP SYN of the node's own to the node port of a port with shared
+  choosers (demo/web-np, eTP=Cluster) shows the `masquerade-nodeports`
+  element KUBE-NODEPORTS #1 matched and the `service-nodeports` element,
+  both naming its KUBE-EXT-<h>, and the `nodeport-endpoints` element that
+  DNATed it (KUBE-SEP-<h>);
 - interrupted with SIGINT (Ctrl-C) or SIGTERM while waiting, it removes its
   chains and exits; also when the agent's full sync removed them first;
 - the event lines of `nft -a monitor trace` are read (pure).
@@ -13,6 +18,7 @@ sync` and a route out, so the namespace's own packets reach the output hook):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -25,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from nftproxy.core.model import L4Protocol, ServicePortName
+from nftproxy.core.rules import names
 from nftproxy.core.trace import Packet
 from nftproxy.kernel import netns as nsutil
 from nftproxy.kernel.libnftables import NftBackend
@@ -94,9 +102,11 @@ def _without_handles(items: list[Any]) -> str:
                        for i in items], sort_keys=True)
 
 
-def _tracer(ns: str, *extra: str) -> subprocess.Popen[str]:
+def _tracer(
+    ns: str, *extra: str, target: str = f"{TARGET[0]}:{TARGET[1]}/udp"
+) -> subprocess.Popen[str]:
     argv = ["ip", "netns", "exec", ns, *NFTPROXY, "trace", "--live", *extra,
-            "192.168.50.1", f"{TARGET[0]}:{TARGET[1]}/udp"]
+            "192.168.50.1", target]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -131,14 +141,15 @@ def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(node
     assert lines[1].startswith("packet 1 (trace id ")
     # demo/dns is reached only at its cluster IP: the shared chooser for three
     # endpoints stands in for its KUBE-SVC, which the service-ips element names
-    assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#1"] and
+    # (KUBE-SERVICES #1 marks the external destinations of shared choosers)
+    assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#2"] and
                "=> goto dispatch-udp-a-3" in line for line in lines), out
-    assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#1"] and
+    assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#2"] and
                "@service-ips: 10.96.0.53 . udp . 53 : goto dispatch-udp-a-3" in line and
                line.endswith("(demo/dns:dns KUBE-SVC-IXHL676EY46F5RLS)") for line in lines), out
     assert any("dnat to 10.244." in line and "=> accept" in line for line in lines), out
     assert any(line.split()[:3] == ["output", "dispatch-udp-a-3", "#2"] and
-               "@clusterip-endpoints-udp-a: 10.96.0.53 . 53 . " in line and
+               "@vip-endpoints-udp-a: 10.96.0.53 . 53 . " in line and
                "KUBE-SEP-" in line for line in lines), out
     assert any("masquerade fully-random  => accept" in line for line in lines), out
     summary = next(line for line in lines if line.startswith("  packet 1: "))
@@ -147,6 +158,42 @@ def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(node
     assert "(KUBE-SEP-" in summary, summary  # the element the shared chooser took
     assert "1 packet(s) traced" in lines
     assert _without_handles(_table(node)) == before
+
+
+def _connect_tcp(ns: str, addr: str, port: int) -> None:
+    """Send one SYN (nobody answers: the endpoints are not there)."""
+    def send() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect((addr, port))
+            time.sleep(0.2)
+
+    nsutil.run_in(ns, send)
+
+
+def test_live_trace_names_kube_ext_of_a_node_port_with_a_shared_chooser(node: str) -> None:
+    proc = _tracer(node, "--count", "1", "--timeout", "30", target="192.168.50.1:30080/tcp")
+    _wait_for_chains(node, proc)
+    _connect_tcp(node, "192.168.50.1", 30080)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    # demo/web-np (eTP=Cluster): KUBE-NODEPORTS #1 marks it as its KUBE-EXT
+    # would, the service-nodeports element sends it to the shared chooser
+    ext = names.external_chain(ServicePortName("demo", "web-np", "http", L4Protocol.TCP))
+    assert any(line.split()[:3] == ["output", "KUBE-NODEPORTS", "#1"] and
+               "@masquerade-nodeports: tcp . 30080" in line and
+               line.endswith(f"(demo/web-np:http {ext})") for line in lines), out
+    assert any(line.split()[:3] == ["output", "KUBE-NODEPORTS", "#2"] and
+               "@service-nodeports: tcp . 30080 : goto dispatch-nodeport-tcp-a-" in line and
+               line.endswith(f"(demo/web-np:http {ext})") for line in lines), out
+    assert any(line.split()[1].startswith("dispatch-nodeport-tcp-a-") and
+               "@nodeport-endpoints-tcp-a: 30080 . " in line and "KUBE-SEP-" in line
+               for line in lines), out
+    summary = next(line for line in lines if line.startswith("  packet 1: "))
+    assert summary.startswith("  packet 1: accepted, DNAT to 10.244.") and summary.endswith(
+        "masqueraded") and "(KUBE-SEP-" in summary, summary
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -125,7 +125,8 @@ def test_every_set_and_map_of_the_sample_is_declared_by_typeof_on_1_1() -> None:
     assert kinds >= {
         (True, ()), (False, ()), (False, ("interval",)), (False, ("dynamic", "timeout"))}
     assert all(isinstance(d["type"], dict) and "typeof" in d["type"] for d in decls)
-    # data maps: the endpoints maps' shards, the clusterip-endpoints maps (v7)
+    # data maps: the endpoints maps' shards, the vip-endpoints and
+    # nodeport-endpoints maps (v7)
     data_maps = [d for d in decls if "map" in d and generation_of(d["name"]) is not None]
     verdict_maps = [d for d in decls if "map" in d and generation_of(d["name"]) is None]
     assert verdict_maps and all(d["map"] == {"typeof": {"accept": None}} for d in verdict_maps)
@@ -133,8 +134,9 @@ def test_every_set_and_map_of_the_sample_is_declared_by_typeof_on_1_1() -> None:
     endpoints = [d for d in data_maps if is_endpoints_map(d["name"])]
     # 3 protocols x 32 shards a family
     assert len(endpoints) == 2 * 96
-    clusterip = [d["name"] for d in data_maps if not is_endpoints_map(d["name"])]
-    assert sorted(clusterip) == sorted(2 * [f"clusterip-endpoints-{p}-a" for p in PROTOCOLS])
+    shared = [d["name"] for d in data_maps if not is_endpoints_map(d["name"])]
+    assert sorted(shared) == sorted(
+        2 * [f"{kind}-endpoints-{p}-a" for kind in ("vip", "nodeport") for p in PROTOCOLS])
 
 
 # --- the planner in each dialect --------------------------------------------

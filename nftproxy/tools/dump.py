@@ -8,12 +8,19 @@ sets, per service port, with the port's KUBE-FW-<h>), each endpoint with its
 KUBE-SEP-<h> and the probability KUBE-SVC/SVL gives it (dump_endpoints.py
 reads the chooser: the inline numgen cascade of a port with ClientIP
 affinity, or the shared endpoints map, each endpoint 1/N) -- and rule
-counters where present. A port whose cluster IP goes to a shared chooser
-(ruleset v7: its `service-ips` element -> goto `dispatch-<proto>-<g>-<N>`,
-comment "ns/svc:port KUBE-SVC-<h>") has no chain of its own: its endpoints
-are the chooser's `clusterip-endpoints-<proto>-<g>` elements for its
-cluster IP, and its KUBE-SVC/SVL-<h> is the element's (`chains`, with
-`chooser` naming the dispatch chain). It needs no nftproxy process:
+counters where present. A port whose destinations go to shared choosers
+(ruleset v7) has no chain of its own: its cluster IP's, external IPs' and
+LB VIPs' `service-ips` elements go to `dispatch-<proto>-<g>-<N>` (comment
+"ns/svc:port KUBE-SVC-<h>", KUBE-SVL-<h> for iTP=Local, KUBE-EXT-<h> for
+an external destination), its node port's `service-nodeports` element to
+`dispatch-nodeport-<proto>-<g>-<N>` (KUBE-EXT-<h>). Each destination's
+endpoints are the chooser's elements for it (`vip-endpoints-<proto>-<g>`
+keyed by the VIP, `nodeport-endpoints-<proto>-<g>` by the node port),
+listed in `dispatched`; the view shows the port as one with chains: the
+KUBE-SVC/SVL/EXT-<h> the elements name (`chains`, `chooser` naming the
+first dispatch chain), externalTrafficPolicy Cluster, the endpoints
+(`endpoints`: KUBE-SVC's, which KUBE-EXT goes to; `local_endpoints`:
+KUBE-SVL's). It needs no nftproxy process:
 everything is recovered from the table (element comments name the service
 port; chain names are recomputed hashes; kube-proxy's KUBE-SEP / KUBE-FW
 names, no chains in ruleset v2, come from the comments of the DNAT rules
@@ -35,8 +42,9 @@ from typing import Any
 from nftproxy.core.model import L4Protocol, ServicePortName
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
-from nftproxy.core.trace.identity import FIREWALL, LOCAL, chooser, identity, split
+from nftproxy.core.trace.identity import EXTERNAL, FIREWALL, LOCAL, chooser, identity, split
 from nftproxy.tools.dump_endpoints import (
+    Dispatched,
     EndpointView,
     HostPort,
     Listing,
@@ -47,6 +55,7 @@ from nftproxy.tools.dump_endpoints import (
 )
 
 __all__ = [
+    "Dispatched",
     "EndpointView",
     "HostPort",
     "NoEndpoints",
@@ -78,13 +87,17 @@ class ServiceView:
     affinity_timeout: int | None = None
     policies: dict[str, str] = field(default_factory=dict)
     chains: list[str] = field(default_factory=list)
-    """The port's KUBE-SVC/SVL/EXT chains; for a port with a shared chooser,
-    the KUBE-SVC/SVL-<h> that `chooser` stands in for (no chain in v7)."""
+    """The port's KUBE-SVC/SVL/EXT chains; for a port with shared choosers,
+    the KUBE-SVC/SVL/EXT-<h> they stand in for (no chains in v7)."""
     chooser: str = ""
-    """The shared chooser its cluster IP goes to (`dispatch-<proto>-<g>-<N>`),
-    or "" (the port has its own KUBE-SVC/SVL chain)."""
+    """The shared chooser of its first destination in `dispatched` (the
+    cluster IP's, if it has one), or "" (the port has chains of its own)."""
     endpoints: list[EndpointView] = field(default_factory=list)
     local_endpoints: list[EndpointView] = field(default_factory=list)
+    dispatched: list[Dispatched] = field(default_factory=list)
+    """Its destinations that go to shared choosers, each with its chooser,
+    KUBE-SVC/SVL/EXT-<h> and endpoints: the cluster IP, external IPs and
+    LB VIPs, then the node port."""
 
 
 @dataclass
@@ -137,11 +150,12 @@ def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]
             where = (
                 HostPort(str(key[0]), int(key[2])) if len(key) == 3 else HostPort("", int(key[1]))
             )
+            target = _target(verdict).split()[-1]
+            if sk.chain_generation(target) is not None and tag:
+                shared = Dispatched(where.address, where.port, target, tag)
+                parsed.shared.setdefault((label, proto), []).append(shared)
             if set_name == sk.SERVICE_IPS:
                 view.vips.append(where)
-                target = _target(verdict).split()[-1]
-                if sk.chain_generation(target) is not None and tag:
-                    parsed.shared[(label, proto)] = (target, tag, where)
                 if target.startswith(LOCAL) or tag.startswith(LOCAL):
                     view.policies["internalTrafficPolicy"] = "Local"
             elif set_name == sk.SERVICE_NODEPORTS:
@@ -179,21 +193,32 @@ def _own_chains(view: ServiceView, spn: ServicePortName, parsed: Listing) -> Non
 
 
 def _shared_chooser(view: ServiceView, parsed: Listing) -> None:
-    """A port whose cluster IP goes to a shared chooser: its endpoints are
-    the chooser's elements for that cluster IP, named by the KUBE-SVC/SVL
-    the `service-ips` element names (also when its comment had to cut the
-    service port's name)."""
-    shared = parsed.shared.get((view.service, view.protocol))
-    if shared is None:
+    """A port whose destinations go to shared choosers: each destination's
+    endpoints are its chooser's elements for it, named by the KUBE-SVC/SVL/
+    EXT-<h> its element names (also when the comment had to cut the service
+    port's name); the port shows the chains they stand in for."""
+    found = sorted(
+        parsed.shared.get((view.service, view.protocol), []),
+        key=lambda d: (d.identity.startswith(EXTERNAL), d.address == ""),
+    )
+    if not found:
         return
-    chain, tag, vip = shared
-    found = cascade(parsed.chains.get(chain, []), parsed, vip)
-    if tag.startswith(LOCAL):
-        view.local_endpoints = found
-    else:
-        view.endpoints = found
-    view.chains = [tag, *(c for c in view.chains if c != tag)]
-    view.chooser = chain
+    for d in found:
+        d.endpoints = cascade(parsed.chains.get(d.chooser, []), parsed, d)
+        if d.identity.startswith(LOCAL):
+            view.local_endpoints = view.local_endpoints or d.endpoints
+        else:
+            view.endpoints = view.endpoints or d.endpoints
+    if any(d.identity.startswith(EXTERNAL) for d in found):
+        view.policies["externalTrafficPolicy"] = "Cluster"
+    tags = sorted({d.identity for d in found}, key=lambda t: _CHAIN_ORDER.index(t[:9]))
+    view.chains = [*tags, *(c for c in view.chains if c not in tags)]
+    view.chooser = found[0].chooser
+    view.dispatched = found
+
+
+_CHAIN_ORDER = ("KUBE-SVC-", "KUBE-SVL-", EXTERNAL)
+"""The order a port's own chains are shown in (`_own_chains`)."""
 
 
 def _affinity_timeout(rules: Sequence[Mapping[str, Any]], parsed: Listing) -> int | None:
@@ -302,9 +327,30 @@ def render_text(view: TableView) -> str:
         for label, eps in (("endpoints", s.endpoints), ("local endpoints", s.local_endpoints)):
             if eps:
                 lines.append(f"    {label}:")
-            for ep in eps:
-                pk = f"  packets={ep.packets}" if ep.packets is not None else ""
-                lines.append(f"      {ep.text():<28} {ep.probability:>7.2%}  {ep.identity}{pk}")
-        shared = f" (shared chooser {s.chooser})" if s.chooser else ""
+            lines += _endpoint_lines(eps, "      ")
+        lines += _dispatched_lines(s)
+        choosers = list(dict.fromkeys(d.chooser for d in s.dispatched))
+        many = "s" if len(choosers) > 1 else ""
+        shared = f" (shared chooser{many} {', '.join(choosers)})" if choosers else ""
         lines.append(f"    chains: {', '.join(s.chains)}{shared}")
     return "\n".join(lines)
+
+
+def _endpoint_lines(eps: Sequence[EndpointView], indent: str) -> list[str]:
+    out = []
+    for ep in eps:
+        pk = f"  packets={ep.packets}" if ep.packets is not None else ""
+        out.append(f"{indent}{ep.text():<28} {ep.probability:>7.2%}  {ep.identity}{pk}")
+    return out
+
+
+def _dispatched_lines(s: ServiceView) -> list[str]:
+    """Each destination with its shared chooser and the KUBE-SVC/SVL/EXT-<h>
+    it stands for; its endpoints too where they are not the ones shown."""
+    lines = ["    shared choosers:"] if s.dispatched else []
+    for d in s.dispatched:
+        lines.append(f"      {d.text():<28} -> {d.chooser}  {d.identity}")
+        shown = s.local_endpoints if d.identity.startswith(LOCAL) else s.endpoints
+        if d.endpoints != shown:
+            lines += _endpoint_lines(d.endpoints, "        ") or ["        no endpoints"]
+    return lines

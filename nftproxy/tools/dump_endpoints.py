@@ -6,9 +6,11 @@ endpoints one chooser chain gives with their probabilities -- a numgen
 cascade (ClientIP affinity), or the lookup in an endpoints map: keyed by the
 chain's two constants (ruleset v3: `numgen random mod 1 offset H1 . numgen
 random mod 1 offset H2 . numgen random mod N`), or, for a shared chooser
-(ruleset v7: `dispatch-<proto>-<g>-<N>`), by the cluster IP the packet was
-sent to (`ip daddr . tcp dport . numgen random mod N`, elements keyed
-(cluster IP, port, i)) -- each endpoint with the KUBE-SEP-<h> its DNAT
+(ruleset v7), by the destination the packet was sent to:
+`dispatch-<proto>-<g>-<N>`'s `ip daddr . tcp dport . numgen random mod N`
+(vip-endpoints elements keyed (VIP, port, i)), `dispatch-nodeport-<proto>-
+<g>-<N>`'s `tcp dport . numgen random mod N` (nodeport-endpoints elements
+keyed (node port, i)) -- each endpoint with the KUBE-SEP-<h> its DNAT
 rule's or element's comment carries.
 """
 
@@ -22,6 +24,7 @@ from nftproxy.core.address import format_address
 from nftproxy.core.trace.identity import ENDPOINT, identity
 
 __all__ = [
+    "Dispatched",
     "EndpointView",
     "HostPort",
     "Listing",
@@ -56,12 +59,24 @@ class EndpointView(HostPort):
     packets: int | None = None
 
 
+@dataclass
+class Dispatched(HostPort):
+    """A destination of a service port whose element goes to a shared
+    chooser (ruleset v7; address "": the node port): the chooser, the
+    KUBE-SVC/SVL/EXT-<h> the `service-ips` / `service-nodeports` element
+    names, and the endpoints the chooser gives it."""
+
+    chooser: str = ""
+    identity: str = ""
+    endpoints: list[EndpointView] = field(default_factory=list)
+
+
 _Target = tuple[str, int, str]
 """An endpoints-map element: address, port, KUBE-SEP-<h> (or "")."""
 
-_Fixed = tuple[str | int, int]
-"""The two fixed parts of an endpoints-map key: the chain's constants (H1,
-H2), or a cluster IP and port (a clusterip-endpoints map)."""
+_Fixed = tuple[str | int, ...]
+"""The fixed parts of an endpoints-map key: the chain's constants (H1, H2),
+a VIP and port (a vip-endpoints map), or a node port (nodeport-endpoints)."""
 
 
 @dataclass
@@ -70,9 +85,9 @@ class Listing:
     sets: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     keyed: dict[str, dict[_Fixed, dict[int, _Target]]] = field(default_factory=dict)
     """Endpoints maps read by key (`_keyed_elements`), on first use."""
-    shared: dict[tuple[str, str], tuple[str, str, HostPort]] = field(default_factory=dict)
-    """(service port, protocol) -> its shared chooser, the KUBE-SVC/SVL-<h>
-    the `service-ips` element names and the cluster IP (ruleset v7)."""
+    shared: dict[tuple[str, str], list[Dispatched]] = field(default_factory=dict)
+    """(service port, protocol) -> its destinations that go to shared
+    choosers (ruleset v7), in the listing's order."""
 
 
 def read_listing(doc: Mapping[str, Any]) -> Listing:
@@ -107,8 +122,8 @@ def cascade(
     """Endpoints of a KUBE-SVC/SVL chain with the probability it gives each:
     every rule that DNATs (a cascade rule, or the lookup in the endpoints
     map), but the affinity rules (a lookup of the source in a set: they
-    only repeat a past choice). Of a shared chooser: those of the cluster
-    IP `vip` (its map is keyed by the destination)."""
+    only repeat a past choice). Of a shared chooser: those of the
+    destination `vip` (a VIP, or a node port: its map is keyed by it)."""
     out: list[EndpointView] = []
     remaining = 1.0
     for rule in rules:
@@ -143,7 +158,8 @@ def _map_endpoints(
     of @m keyed (H1, H2, i < N), each with 1/N of `share` -- and the share
     they take (a missing element's falls through to the next rule). A
     shared chooser's `ip daddr . tcp dport . numgen random mod N` key: the
-    elements keyed (cluster IP, port, i < N) of `vip`."""
+    elements keyed (VIP, port, i < N) of `vip`; its `tcp dport . numgen
+    random mod N` key: those keyed (node port, i < N)."""
     lookup = addr.get("map")
     key = _map_key(lookup.get("key") if isinstance(lookup, Mapping) else None, vip)
     data = lookup.get("data") if isinstance(lookup, Mapping) else None
@@ -159,58 +175,62 @@ def _map_endpoints(
 
 
 def _keyed_elements(parsed: Listing, name: str) -> dict[_Fixed, dict[int, _Target]]:
-    """@name's `address . port` elements by their fixed parts (H1, H2 or
-    cluster IP, port), then index (built once per map: a dump looks up
+    """@name's `address . port` elements by their fixed parts (H1, H2; VIP,
+    port; node port), then index (built once per map: a dump looks up
     every service port's chain in it)."""
     if name not in parsed.keyed:
         index: dict[_Fixed, dict[int, _Target]] = {}
         for elem in parsed.sets.get(name, {}).get("elem", []):
             parts, comment, data = elem_parts(elem)
             target = _target_of(data, comment)
-            if len(parts) == 3 and _is_fixed(parts[:2]) and is_index(parts[2], 2**32) and target:
-                index.setdefault((parts[0], parts[1]), {}).setdefault(parts[2], target)
+            if _is_fixed(parts[:-1]) and is_index(parts[-1], 2**32) and target:
+                index.setdefault(tuple(parts[:-1]), {}).setdefault(parts[-1], target)
         parsed.keyed[name] = index
     return parsed.keyed[name]
 
 
 def _map_key(node: Any, vip: HostPort | None) -> tuple[_Fixed, int, int] | None:
     """((H1, H2), O, N) of a `numgen random mod 1 offset H1 . numgen random
-    mod 1 offset H2 . numgen random mod N [offset O]` key, ((cluster IP,
-    port), O, N) of an `ip daddr . tcp dport . numgen random mod N [offset
+    mod 1 offset H2 . numgen random mod N [offset O]` key, ((VIP, port), O,
+    N) of an `ip daddr . tcp dport . numgen random mod N [offset O]` key
+    and ((node port,), O, N) of a `tcp dport . numgen random mod N [offset
     O]` key (the destination: `vip`), or None."""
     parts: Any = node.get("concat") if isinstance(node, Mapping) else None
-    if not isinstance(parts, list) or len(parts) != 3:
+    if not isinstance(parts, list) or len(parts) not in (2, 3):
         return None
-    fixed: Any = tuple(_fixed_part(p, vip) for p in parts[:2])
-    last = parts[2].get("numgen") if isinstance(parts[2], Mapping) else None
+    fixed: Any = tuple(_fixed_part(p, vip) for p in parts[:-1])
+    last = parts[-1].get("numgen") if isinstance(parts[-1], Mapping) else None
     if not isinstance(last, Mapping) or not _is_fixed(fixed):
         return None
     first: Any = last.get("offset", 0)
     n: Any = last.get("mod")
     if not (is_index(first, 2**32) and is_index(n, 2**32)) or n == 0:
         return None
-    return (fixed[0], fixed[1]), first, n
+    return fixed, first, n
 
 
 def _fixed_part(part: Any, vip: HostPort | None) -> Any:
     """A key part known without the packet's choice: a `numgen random mod 1
-    offset H` (H), the destination address or port (the cluster IP's)."""
+    offset H` (H), the destination address or port (`vip`'s; a node port
+    has no address)."""
     gen = part.get("numgen") if isinstance(part, Mapping) else None
     if isinstance(gen, Mapping):
         return gen.get("offset", 0) if gen.get("mod") == 1 else None
     payload = part.get("payload") if isinstance(part, Mapping) else None
     field_name = payload.get("field") if isinstance(payload, Mapping) else None
-    if vip is None or not vip.address:
+    if vip is None:
         return None
-    return {"daddr": vip.address, "dport": vip.port}.get(str(field_name))
+    return {"daddr": vip.address or None, "dport": vip.port}.get(str(field_name))
 
 
 def _is_fixed(parts: Sequence[Any]) -> bool:
-    """(H1, H2) hashes, or an address and a port."""
-    first, second = parts
-    return (is_index(first, 2**32) or (isinstance(first, str) and first != "")) and is_index(
-        second, 2**32
-    )
+    """(H1, H2) hashes, an address and a port, or a port."""
+    if len(parts) == 2:
+        first, second = parts
+        return (is_index(first, 2**32) or (isinstance(first, str) and first != "")) and is_index(
+            second, 2**32
+        )
+    return len(parts) == 1 and is_index(parts[0], 65536)
 
 
 def is_index(value: Any, below: int) -> bool:

@@ -6,7 +6,7 @@ T seconds) of one 5-tuple, print what the kernel did with them, rule by
 rule, as `nftproxy trace` prints a prediction -- hook, chain, rule number,
 the rule in nft syntax, the element of a named verdict map that sent it on
 (its comment names the service port, and for a shared chooser the
-KUBE-SVC/SVL-<h> it stands for) and the endpoints map element that DNATed
+KUBE-SVC/SVL/EXT-<h> it stands for) and the endpoints map element that DNATed
 it (its KUBE-SEP-<h>) -- and per packet the outcome (accepted, DNAT target,
 masqueraded; or dropped / rejected).
 
@@ -44,7 +44,7 @@ from nftproxy.core.nft.errors import NftError, NftNotFound
 from nftproxy.core.nft.seam import Backend
 from nftproxy.core.trace import Host, NeedsInput, Packet, Ruleset, Unsupported
 from nftproxy.core.trace import syntax as sx
-from nftproxy.core.trace.evaluate import dnat_element, lookup
+from nftproxy.core.trace.evaluate import dnat_element, lookup, match
 from nftproxy.core.trace.flow import Flow, Step
 from nftproxy.core.trace.identity import ENDPOINT, identity
 from nftproxy.core.trace.ruleset import Rule
@@ -288,10 +288,15 @@ class LiveTrace:
     def _element(self, pk: _Packet, rule: Rule, verdict: str) -> None:
         """The element of a named verdict map that gave the rule's verdict
         (printed as `nftproxy trace` prints it, with its comment: the
-        service port, and the KUBE-SVC/SVL-<h> of a shared chooser)."""
+        service port, and the KUBE-SVC/SVL/EXT-<h> of a shared chooser), or
+        the commented element of a named set the rule matched before it
+        jumped (`masquerade-vips`: the KUBE-EXT-<h> whose mark it sets)."""
         if not verdict.startswith(("jump ", "goto ")) or self._rs is None:
             return
         for statement in rule.statements:
+            if isinstance(statement, sx.Match) and isinstance(statement.right, sx.SetRef):
+                self._matched(pk, rule, statement)
+                continue
             if not isinstance(statement, sx.Vmap) or not isinstance(statement.data, sx.SetRef):
                 continue
             try:
@@ -304,6 +309,21 @@ class LiveTrace:
                 key = value_text(o.key, sx.kinds_of(statement.key))
                 text = f"{statement.data}: {key} : {verdict}"
                 step = Step(pk.hook, rule.chain, rule.index, text, o.element.comment or "")
+                self.out.write(step.line() + "\n")
+                return
+
+    def _matched(self, pk: _Packet, rule: Rule, statement: sx.Match) -> None:
+        """The commented element of `statement`'s set the packet matched."""
+        assert self._rs is not None and isinstance(statement.right, sx.SetRef)
+        try:
+            outcomes = match(statement, self._flow(pk.headers), self._rs)
+        except (Unsupported, NeedsInput, ValueError):
+            return
+        for o in outcomes:
+            if o.holds and o.element is not None and o.element.comment and o.key is not None:
+                key = value_text(o.key, sx.kinds_of(statement.left))
+                text = f"@{statement.right.name}: {key}"
+                step = Step(pk.hook, rule.chain, rule.index, text, o.element.comment)
                 self.out.write(step.line() + "\n")
                 return
 

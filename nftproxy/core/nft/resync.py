@@ -8,16 +8,17 @@ transactions:
 
   0  the skeleton: `add table`; its chains written (flushed first if
      listed); its sets and maps that are not listed added EMPTY -- among
-     them the endpoints and clusterip-endpoints maps of the generation the
-     table does not use (rules/skeleton.py GENERATIONS), with that
+     them the endpoints, vip-endpoints and nodeport-endpoints maps of the
+     generation the table does not use (rules/skeleton.py GENERATIONS), with that
      generation's shared choosers (rules/dispatch.py: no element points at
      them before the final step), the hairpin sets a table of ruleset
-     v5 lacks, and the shared affinity set where a table of ruleset v3
-     lacks it
+     v5 lacks, the shared affinity set where a table of ruleset v3
+     lacks it, and the masquerade sets of the shared choosers where a
+     table of ruleset v6 lacks them
   1..k  per chunk of service ports: each owner's chains written (flushed
      first if listed), and its elements of the new generation's endpoints
-     and clusterip-endpoints maps, which its rewritten choosers and the new
-     shared choosers pick from, and of its hairpin set
+     and vip-endpoints and nodeport-endpoints maps, which its rewritten
+     choosers and the new shared choosers pick from, and of its hairpin set
      (KUBE-POSTROUTING looks up every generation's). No other shared-set
      element yet.
   final  every other desired non-dynamic set and map flushed (if listed) and
@@ -70,6 +71,8 @@ from nftproxy.core.nft.plan import (
 from nftproxy.core.rules.fragment import Fragment, SetDecl
 from nftproxy.core.rules.names import is_affinity_set
 from nftproxy.core.rules.skeleton import (
+    MASQUERADE_NODEPORTS,
+    MASQUERADE_VIPS,
     chain_generation,
     generation_of,
     is_unsharded_endpoints_map,
@@ -113,13 +116,11 @@ def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
 
 def _leftover(name: str) -> bool:
     """A listed set the steps may leave to the final step's deletes: another
-    generation's endpoints or clusterip-endpoints map, or a set of an older
+    generation's endpoints, vip-endpoints or nodeport-endpoints map, or a set of an older
     ruleset that only service chains use (v3's per-endpoint affinity sets,
     v3/v4's unsharded endpoints maps)."""
     return (
-        generation_of(name) is not None
-        or is_affinity_set(name)
-        or is_unsharded_endpoints_map(name)
+        generation_of(name) is not None or is_affinity_set(name) or is_unsharded_endpoints_map(name)
     )
 
 
@@ -130,7 +131,14 @@ def _added_in_steps(decl: SetDecl) -> bool:
     generation's, and a table of ruleset v5 has only generation a's), or
     the shared affinity set (new in ruleset v4; v3 had a set per endpoint),
     whose users are the chooser chains the steps rewrite."""
-    return generation_of(decl.name) is not None or decl.dynamic
+    return generation_of(decl.name) is not None or decl.dynamic or decl.name in _MARKING
+
+
+_MARKING = frozenset({MASQUERADE_VIPS, MASQUERADE_NODEPORTS})
+"""The shared choosers' masquerade sets (new in ruleset v7), added empty in
+step 0: until the final step switches the dispatch maps no destination
+goes to a shared chooser, and the KUBE-EXT chains still in use mark their
+own traffic."""
 
 
 def _filled_in_steps(name: str) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "ct_state",
     "dnat",
     "dnat_by_destination",
+    "dnat_by_port",
     "dnat_map",
     "drop",
     "fib_local",
@@ -205,6 +206,14 @@ def dnat_by_destination(family: IPFamily, protocol: L4Protocol, count: int, map_
     is (destination, port, i), i uniform over 0..N-1."""
     parts = [payload(family, "daddr"), _payload(protocol.nft, "dport")]
     parts.append({"numgen": {"mode": "random", "mod": count}})
+    lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
+    return {"dnat": {"family": _ip(family), "addr": lookup}}
+
+
+def dnat_by_port(family: IPFamily, protocol: L4Protocol, count: int, map_name: str) -> Json:
+    """`dnat ip to P dport . numgen random mod N map @m`: the key is (port,
+    i), i uniform over 0..N-1."""
+    parts = [_payload(protocol.nft, "dport"), {"numgen": {"mode": "random", "mod": count}}]
     lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
     return {"dnat": {"family": _ip(family), "addr": lookup}}
 

@@ -2,9 +2,9 @@
 
 Layer: rules (pure). One job: name the sets, maps and chains a full sync in
 steps (core/nft/resync.py) fills for a generation the table does not hold --
-the endpoints maps (sharded), the clusterip-endpoints maps and shared
-choosers (rules/dispatch.py), the hairpin sets -- and tell a listed name's
-generation. rules/skeleton.py declares them (and re-exports these names).
+the endpoints maps (sharded), the vip-endpoints and nodeport-endpoints
+maps and the shared choosers (rules/dispatch.py), the hairpin sets -- and
+tell a listed name's generation. rules/skeleton.py declares them (and re-exports these names).
 """
 
 from __future__ import annotations
@@ -91,13 +91,13 @@ def hairpin_set(generation: str) -> str:
 _FILLED_IN_STEPS = {
     **_GENERATION_OF,
     **{hairpin_set(g): g for g in GENERATIONS},
-    **{dispatch.clusterip_endpoints_map(p, g): g for p in L4Protocol for g in GENERATIONS},
+    **dispatch.generation_maps(GENERATIONS),
 }
 
 
 def generation_of(name: str) -> str | None:
     """The generation of a set that comes in generations (an endpoints map,
-    a clusterip-endpoints map, a hairpin set), None for any other: the sets
+    a vip-endpoints or nodeport-endpoints map, a hairpin set), None for any other: the sets
     a resync in steps fills chunk by chunk."""
     return _FILLED_IN_STEPS.get(name)
 

@@ -88,16 +88,31 @@ class PortPlan:
         )
 
     @property
-    def shared_chooser(self) -> tuple[Endpoint, ...] | None:
-        """The endpoints the cluster IP's shared chooser picks from
-        (rules/dispatch.py), None when the port needs chains of its own: it
-        has external destinations or ClientIP affinity, its cluster IP has
-        no endpoint to go to, or more than DISPATCH_MAX."""
+    def internal_endpoints(self) -> tuple[Endpoint, ...]:
+        """What the cluster IP's chooser picks from (KUBE-SVC's or KUBE-SVL's)."""
+        return self.cats.local if self.port.internal_policy_local else self.cats.cluster
+
+    @property
+    def shared(self) -> bool:
+        """Whether every destination of the port goes through the shared
+        choosers (rules/dispatch.py) and the port has no chain of its own:
+        no ClientIP affinity, no eTP=Local external destination, and
+        1..DISPATCH_MAX endpoints wherever it sends traffic."""
         port = self.port
-        if port.affinity or port.externally_accessible or not self.has_internal:
-            return None
-        eps = self.cats.local if port.internal_policy_local else self.cats.cluster
-        return eps if 0 < len(eps) <= dispatch.DISPATCH_MAX else None
+        if port.affinity or (port.externally_accessible and port.external_policy_local):
+            return False
+        served = (
+            (self.has_internal, self.internal_endpoints),
+            (self.uses_ext_chain, self.cats.cluster),
+        )
+        return all(0 < len(eps) <= dispatch.DISPATCH_MAX for used, eps in served if used)
+
+    @property
+    def shared_chooser(self) -> tuple[Endpoint, ...] | None:
+        """The endpoints the cluster IP's shared chooser picks from, None
+        when it has none (the port is not `shared`, or its cluster IP has
+        no endpoint to go to)."""
+        return self.internal_endpoints if self.shared and self.has_internal else None
 
     @property
     def internal_verdict(self) -> Verdict:
@@ -142,59 +157,91 @@ def _cluster_ip_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
     port, label = p.port, str(p.port.name)
     key = _key(port.cluster_ip, port, port.port)
     out = [Element(sk.CLUSTER_IPS, (port.cluster_ip,))]
-    shared = p.shared_chooser
-    if shared is not None:
-        chooser = dispatch.dispatch_chain(port.protocol, ctx.generation, len(shared))
-        comment = names.tagged(label, p.internal_chain)
-        out.append(Element(sk.SERVICE_IPS, key, Verdict("goto", chooser), comment))
-        out += _shared_elements(p, shared, ctx)
-    elif p.has_internal:
-        out.append(Element(sk.SERVICE_IPS, key, Verdict("goto", p.internal_chain), label))
-    else:
+    if not p.has_internal:
         out.append(Element(sk.NO_ENDPOINT_SERVICES, key, p.internal_verdict, label))
+    elif p.shared:
+        out += _shared_vip(p, port.cluster_ip, p.internal_endpoints, p.internal_chain, ctx)
+    else:
+        out.append(Element(sk.SERVICE_IPS, key, Verdict("goto", p.internal_chain), label))
     return out
 
 
-def _external_elements(p: PortPlan) -> list[Element]:
-    """External IPs and LB VIPs go to KUBE-EXT; no (local) endpoints -> reject/drop."""
+def _external_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
+    """External IPs and LB VIPs go to KUBE-EXT, or, with a shared chooser,
+    are marked for masquerade and go to it; no (local) endpoints ->
+    reject/drop."""
     port, label = p.port, str(p.port.name)
-    ext = Verdict("goto", names.external_chain(port.name))
+    ext = names.external_chain(port.name)
     out: list[Element] = []
     for ip in (*port.external_ips, *port.load_balancer_vips):
         key = _key(ip, port, port.port)
-        if p.uses_ext_chain:
-            out.append(Element(sk.SERVICE_IPS, key, ext, label))
+        if p.uses_ext_chain and p.shared:
+            out += _shared_vip(p, ip, p.cats.cluster, ext, ctx)
+            out.append(Element(sk.MASQUERADE_VIPS, key, None, names.tagged(label, ext)))
+        elif p.uses_ext_chain:
+            out.append(Element(sk.SERVICE_IPS, key, Verdict("goto", ext), label))
         if not p.has_external:
             out.append(Element(sk.NO_ENDPOINT_SERVICES, key, p.external_verdict, label))
     return out
 
 
-def _nodeport_elements(p: PortPlan) -> list[Element]:
+def _nodeport_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
     port, label = p.port, str(p.port.name)
     if not port.node_port:
         return []
     key = (port.protocol.nft, port.node_port)
+    ext = names.external_chain(port.name)
     out: list[Element] = []
-    if p.uses_ext_chain:
-        ext = Verdict("goto", names.external_chain(port.name))
-        out.append(Element(sk.SERVICE_NODEPORTS, key, ext, label))
+    if p.uses_ext_chain and p.shared:
+        out += _shared_nodeport(p, ctx)
+        out.append(Element(sk.MASQUERADE_NODEPORTS, key, None, names.tagged(label, ext)))
+    elif p.uses_ext_chain:
+        out.append(Element(sk.SERVICE_NODEPORTS, key, Verdict("goto", ext), label))
     if not p.has_external:
         out.append(Element(sk.NO_ENDPOINT_NODEPORTS, key, p.external_verdict, label))
     return out
 
 
-def _shared_elements(
-    p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderContext
+def _shared_vip(
+    p: PortPlan, vip: str, endpoints: tuple[Endpoint, ...], identity: str, ctx: RenderContext
 ) -> list[Element]:
-    """The elements (cluster IP, port, i) -> endpoint i that the shared
-    chooser of len(endpoints) picks from (each named by its KUBE-SEP
-    identity in the comment)."""
+    """A VIP's service-ips element, to the shared chooser of len(endpoints)
+    (its comment names the chain kube-proxy would send it to, `identity`),
+    and the elements (VIP, port, i) -> endpoint i that chooser picks from."""
     port = p.port
-    map_name = dispatch.clusterip_endpoints_map(port.protocol, ctx.generation)
+    chooser = dispatch.dispatch_chain(port.protocol, ctx.generation, len(endpoints))
+    comment = names.tagged(str(port.name), identity)
+    key = _key(vip, port, port.port)
+    map_name = dispatch.vip_endpoints_map(port.protocol, ctx.generation)
     return [
-        Element(map_name, (port.cluster_ip, port.port, i), Target(ep.ip, ep.port), c)
+        Element(sk.SERVICE_IPS, key, Verdict("goto", chooser), comment),
+        *_picked(p, map_name, (vip, port.port), endpoints),
+    ]
+
+
+def _shared_nodeport(p: PortPlan, ctx: RenderContext) -> list[Element]:
+    """The node port's service-nodeports element, to the shared chooser of
+    its cluster endpoints' count, and the elements (node port, i) ->
+    endpoint i it picks from."""
+    port, endpoints = p.port, p.cats.cluster
+    chooser = dispatch.nodeport_dispatch_chain(port.protocol, ctx.generation, len(endpoints))
+    comment = names.tagged(str(port.name), names.external_chain(port.name))
+    key = (port.protocol.nft, port.node_port)
+    map_name = dispatch.nodeport_endpoints_map(port.protocol, ctx.generation)
+    return [
+        Element(sk.SERVICE_NODEPORTS, key, Verdict("goto", chooser), comment),
+        *_picked(p, map_name, (port.node_port,), endpoints),
+    ]
+
+
+def _picked(
+    p: PortPlan, map_name: str, fixed: tuple[str | int, ...], endpoints: tuple[Endpoint, ...]
+) -> list[Element]:
+    """The elements (*fixed, i) -> endpoint i of `map_name` (each named by
+    its KUBE-SEP identity in the comment)."""
+    return [
+        Element(map_name, (*fixed, i), Target(ep.ip, ep.port), _endpoint_comment(p, ep))
         for i, ep in enumerate(endpoints)
-        for c in (_endpoint_comment(p, ep),)
     ]
 
 
@@ -256,11 +303,7 @@ def _map_pick(
     n = len(endpoints)
     dnat = expr.dnat_map(ctx.family, fixed, n, map_name)
     rule = Rule((expr.l4proto(p.port.protocol), dnat), f"{p.port.name} -> {n} endpoints")
-    elements = [
-        Element(map_name, (*fixed, i), Target(ep.ip, ep.port), _endpoint_comment(p, ep))
-        for i, ep in enumerate(endpoints)
-    ]
-    return rule, elements
+    return rule, _picked(p, map_name, fixed, endpoints)
 
 
 def _policy_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[Element]]:
@@ -368,13 +411,13 @@ def render_service_port(
 ) -> RenderedPort:
     """The whole fragment of one service port in ctx.family's table."""
     p = plan_port(port, endpoints, ctx)
-    policy, picked = ([], []) if p.shared_chooser is not None else _policy_chains(p, ctx)
-    chains = (*policy, *_external_chain(p, ctx))
+    policy, picked = ([], []) if p.shared else _policy_chains(p, ctx)
+    chains = (*policy, *([] if p.shared else _external_chain(p, ctx)))
     elements = (
         *picked,
         *_cluster_ip_elements(p, ctx),
-        *_external_elements(p),
-        *_nodeport_elements(p),
+        *_external_elements(p, ctx),
+        *_nodeport_elements(p, ctx),
         *_firewall_elements(p, ctx),
         *_hairpin_elements(p, ctx),
     )

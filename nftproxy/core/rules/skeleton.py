@@ -55,6 +55,8 @@ __all__ = [
     "GENERATIONS",
     "HAIRPIN_ENDPOINTS",
     "MARK_MASQ",
+    "MASQUERADE_NODEPORTS",
+    "MASQUERADE_VIPS",
     "NODEPORTS",
     "NODEPORT_IPS",
     "NO_ENDPOINT_NODEPORTS",
@@ -99,6 +101,8 @@ FIREWALL_ALLOW = "firewall-allow"
 CLUSTER_IPS = "cluster-ips"
 NODEPORT_IPS = "nodeport-ips"
 SERVICE_CIDRS = "service-cidrs"
+MASQUERADE_VIPS = "masquerade-vips"
+MASQUERADE_NODEPORTS = "masquerade-nodeports"
 AFFINITY = "affinity"
 AFFINITY_SIZE = 1 << 20
 """Clients x endpoints the shared affinity set can remember at once (nft's
@@ -212,6 +216,11 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
             SERVICES,
             (
                 _rule(
+                    expr.match(daddr_key, "@" + MASQUERADE_VIPS),
+                    expr.jump(MARK_MASQ),
+                    comment="external destinations of services with shared choosers",
+                ),
+                _rule(
                     expr.vmap(daddr_key, SERVICE_IPS),
                     comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
                 ),
@@ -220,7 +229,17 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                 ),
             ),
         ),
-        Chain(NODEPORTS, (_rule(expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS)),)),
+        Chain(
+            NODEPORTS,
+            (
+                _rule(
+                    expr.match(expr.concat_proto_dport(), "@" + MASQUERADE_NODEPORTS),
+                    expr.jump(MARK_MASQ),
+                    comment="node ports of services with shared choosers",
+                ),
+                _rule(expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS)),
+            ),
+        ),
         Chain(FIREWALL_CHECK, (_source_range_rule(family),)),
         Chain(
             EXTERNAL_SERVICES,
@@ -362,6 +381,16 @@ def _maps_and_sets(
             _PROTO_PORT,
             map="verdict",
             comment="drop or reject node ports with no endpoints",
+        ),
+        SetDecl.keyed(
+            MASQUERADE_VIPS,
+            three,
+            comment="external IPs and LB IPs of shared choosers: masquerade",
+        ),
+        SetDecl.keyed(
+            MASQUERADE_NODEPORTS,
+            _PROTO_PORT,
+            comment="node ports of shared choosers: masquerade",
         ),
         SetDecl.keyed(
             FIREWALL_VIPS,

@@ -9,7 +9,8 @@ Modules, bottom up: values (literals and patterns), expressions, syntax
 ruleset (the table), packet (inputs), flow (one branch's state), evaluate
 (expressions, matches, lookups), walk (chains), hooks (the way through
 netfilter), identity (kube-proxy's KUBE-SEP / KUBE-FW names, and the
-KUBE-SVC / KUBE-SVL a shared chooser stands in for, kept in comments),
+KUBE-SVC / KUBE-SVL / KUBE-EXT a shared chooser stands in for, kept in
+comments),
 explain (kube-proxy's words), result (output values).
 """
 

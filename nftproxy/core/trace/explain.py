@@ -11,7 +11,11 @@ the sets they look up:
   `dispatch-<p>-<g>-<N>`, which stands in for them), with a source
   condition (off-cluster source) or without one (masqueradeAll), a KUBE-EXT
   rule (externalTrafficPolicy=Cluster, or the node's own traffic to a Local
-  one);
+  one), or the KUBE-SERVICES / KUBE-NODEPORTS rule that looks the
+  destination up in `masquerade-vips` / `masquerade-nodeports` (ruleset v7:
+  KUBE-EXT's marking of an eTP=Cluster external destination whose element
+  goes to a shared chooser; the element names the KUBE-EXT-<h>, and the
+  chooser's own cluster-IP rule, which marks it again, adds no reason);
 - drop / reject: the `firewall-allow` rule of KUBE-FIREWALL-CHECK
   (loadBalancerSourceRanges), an element of a no-endpoint map (no
   endpoints -> reject; Local policy without a local endpoint -> drop), the
@@ -21,9 +25,9 @@ kube-proxy's names that are no chains in ruleset v2 come from comments
 (identity.py): the endpoint's KUBE-SEP-<h> from the comment of the
 endpoints map's element (or of the cascade rule) that DNATed, the port's
 KUBE-FW-<h> from the `firewall-vips` element matched, and for a port whose
-cluster IP goes to a shared chooser its KUBE-SVC/SVL-<h> from the comment
-of the `service-ips` element (the path names it among its chains, and the
-dispatch chain as its `chooser`).
+destination goes to a shared chooser the KUBE-SVC/SVL/EXT-<h> from the
+comment of the `service-ips` / `service-nodeports` element (the path names
+it among its chains, and the dispatch chain as its `chooser`).
 Anything else is named by its chain and rule, never guessed.
 """
 
@@ -32,8 +36,15 @@ from __future__ import annotations
 from nftproxy.core.address import format_address
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.trace import syntax as sx
-from nftproxy.core.trace.flow import Affinity, ElementHit, Flow, Where
-from nftproxy.core.trace.identity import ENDPOINT, FIREWALL, chooser, identity, split
+from nftproxy.core.trace.flow import Affinity, ElementHit, Flow, MarkSet, Where
+from nftproxy.core.trace.identity import (
+    ENDPOINT,
+    EXTERNAL,
+    FIREWALL,
+    chooser,
+    identity,
+    split,
+)
 from nftproxy.core.trace.result import Endpoint, Path
 from nftproxy.core.trace.ruleset import Rule, Ruleset
 from nftproxy.core.trace.values import Kind, matches, protocol_name
@@ -42,6 +53,8 @@ __all__ = ["explain"]
 
 _SERVICE_CHAINS = ("KUBE-EXT-", "KUBE-SVC-", "KUBE-SVL-")
 _NO_ENDPOINT_MAPS = (sk.NO_ENDPOINT_SERVICES, sk.NO_ENDPOINT_NODEPORTS)
+_MARKING_SETS = (sk.MASQUERADE_VIPS, sk.MASQUERADE_NODEPORTS)
+_EXTERNAL_CLUSTER = "external destination of an externalTrafficPolicy=Cluster service"
 
 
 def explain(flow: Flow, rs: Ruleset) -> Path:
@@ -56,7 +69,9 @@ def explain(flow: Flow, rs: Ruleset) -> Path:
         )
     masquerade = flow.masquerade is not None
     if flow.verdict == "accept":
-        reasons = _masquerade_reasons(flow, rs) if masquerade else _kept_reasons(flow, chains)
+        reasons = (
+            _masquerade_reasons(flow, rs, shared) if masquerade else _kept_reasons(flow, chains)
+        )
         if firewall is not None:
             reasons += (f"source {flow.saddr} is inside loadBalancerSourceRanges",)
     else:
@@ -89,7 +104,7 @@ def _service(flow: Flow, firewall: ElementHit | None) -> str:
 
 
 def _shared_choosers(flow: Flow) -> dict[str, str]:
-    """Shared choosers entered (ruleset v7), each with the KUBE-SVC/SVL-<h>
+    """Shared choosers entered (ruleset v7), each with the KUBE-SVC/SVL/EXT-<h>
     its map element's comment says it stands for."""
     out: dict[str, str] = {}
     for e in flow.elements:
@@ -150,17 +165,27 @@ def _looks_up_hairpin(rule: Rule) -> bool:
 # --- masquerade --------------------------------------------------------------------------
 
 
-def _masquerade_reasons(flow: Flow, rs: Ruleset) -> tuple[str, ...]:
-    reasons = [_mark_reason(_rule(rs, m.caller), _rule(rs, m.at), m.at) for m in flow.marks]
+def _masquerade_reasons(flow: Flow, rs: Ruleset, shared: dict[str, str]) -> tuple[str, ...]:
+    reasons = [_mark_reason(flow, m, rs, shared) for m in flow.marks]
+    if any(r.startswith(_EXTERNAL_CLUSTER + ":") for r in reasons):
+        # the marking rule of the external destination is named: the shared
+        # chooser's own mark of it (its cluster-IP rule) repeats it
+        reasons = [r for r in reasons if r != _EXTERNAL_CLUSTER]
     return tuple(dict.fromkeys(reasons)) or ("masqueraded (no mark was set on the way)",)
 
 
-def _mark_reason(caller: Rule | None, marking: Rule | None, at: Where) -> str:
+def _mark_reason(flow: Flow, mark: MarkSet, rs: Ruleset, shared: dict[str, str]) -> str:
+    caller, marking, at = _rule(rs, mark.caller), _rule(rs, mark.at), mark.at
     if marking is not None and _looks_up_hairpin(marking):
         return "hairpin: the endpoint itself is the source"
     if caller is None:
         return f"marked for masquerade by {at.chain}/rule {at.rule}"
     chain = caller.chain
+    marked = next((s for s in _MARKING_SETS if _looks_up(caller, s)), None)
+    if marked is not None:
+        return _external_mark(flow, caller, marked)
+    if shared.get(chain, "").startswith(EXTERNAL):
+        return _EXTERNAL_CLUSTER
     if chain.startswith(("KUBE-SVC-", "KUBE-SVL-")) or _is_shared_chooser(chain):
         if any(_is_source_match(m) for m in _matches(caller)):
             return "off-cluster source to a cluster IP (not from a pod on this node)"
@@ -171,8 +196,18 @@ def _mark_reason(caller: Rule | None, marking: Rule | None, at: Where) -> str:
                 "the node's own traffic to an externalTrafficPolicy=Local destination "
                 "(Local policy)"
             )
-        return "external destination of an externalTrafficPolicy=Cluster service"
+        return _EXTERNAL_CLUSTER
     return f"marked for masquerade by {caller.where}"
+
+
+def _external_mark(flow: Flow, caller: Rule, marked: str) -> str:
+    """KUBE-EXT's mark of an external destination whose element goes to a
+    shared chooser: set by `caller` (KUBE-SERVICES or KUBE-NODEPORTS) for
+    the destination's element of `marked`, which names the KUBE-EXT-<h>."""
+    hit = next((e for e in flow.elements if e.set == marked and e.at.chain == caller.chain), None)
+    ext = identity(hit.comment, EXTERNAL) if hit is not None else ""
+    by = f"{ext}'s mark, set by" if ext else "marked by"
+    return f"{_EXTERNAL_CLUSTER}: {by} {caller.where} (@{marked})"
 
 
 def _kept_reasons(flow: Flow, chains: tuple[str, ...]) -> tuple[str, ...]:

@@ -8,12 +8,15 @@ affinity) ends its comment with the endpoint's `KUBE-SEP-<h>`
 ("ns/svc:port -> 10.0.1.5:8080 KUBE-SEP-<h>", `names.tagged` keeps it
 inside the comment budget), and an
 element of `firewall-vips` starts with the port's `KUBE-FW-<h>`
-("KUBE-FW-<h> ns/svc:port"). A port whose cluster IP goes to a shared
-chooser (ruleset v7: `service-ips` element -> goto `dispatch-<p>-<g>-<N>`)
-has no KUBE-SVC/SVL chain: its element's comment ends with the one it
-stands for ("ns/svc:port KUBE-SVC-<h>", or KUBE-SVL-<h> for
-internalTrafficPolicy=Local). `nftproxy trace` and `nftproxy dump` name
-endpoints, source-range checks and those services by them, as
+("KUBE-FW-<h> ns/svc:port"). A port whose destinations go to shared
+choosers (ruleset v7: `service-ips` / `service-nodeports` element -> goto
+`dispatch-<p>-<g>-<N>` / `dispatch-nodeport-<p>-<g>-<N>`) has no chain of
+its own: each element's comment ends with the chain kube-proxy would send
+it to ("ns/svc:port KUBE-SVC-<h>" for the cluster IP, KUBE-SVL-<h> for
+internalTrafficPolicy=Local; "ns/svc:port KUBE-EXT-<h>" for an external IP,
+LB VIP or the node port, as do their `masquerade-vips` /
+`masquerade-nodeports` elements). `nftproxy trace` and `nftproxy dump`
+name endpoints, source-range checks and those services by them, as
 `iptables-save` on a kube-proxy node does.
 """
 
@@ -21,14 +24,25 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ENDPOINT", "FIREWALL", "LOCAL", "SERVICE", "Tagged", "chooser", "identity", "split"]
+__all__ = [
+    "ENDPOINT",
+    "EXTERNAL",
+    "FIREWALL",
+    "LOCAL",
+    "SERVICE",
+    "Tagged",
+    "chooser",
+    "identity",
+    "split",
+]
 
 ENDPOINT = "KUBE-SEP-"
 FIREWALL = "KUBE-FW-"
 SERVICE = "KUBE-SVC-"
 LOCAL = "KUBE-SVL-"
+EXTERNAL = "KUBE-EXT-"
 
-_NAME = re.compile(r"\bKUBE-(?:SEP|FW|SVC|SVL)-[A-Z2-7]{16}\b")
+_NAME = re.compile(r"\bKUBE-(?:SEP|FW|SVC|SVL|EXT)-[A-Z2-7]{16}\b")
 """A KUBE-* name with names.py's 16 base32 characters of hash."""
 
 Tagged = tuple[str, str]
@@ -36,8 +50,8 @@ Tagged = tuple[str, str]
 
 
 def split(comment: str | None) -> Tagged:
-    """The comment's KUBE-SEP / KUBE-FW / KUBE-SVC / KUBE-SVL name (the last one, as `tagged`
-    puts it at the end) and the comment without it."""
+    """The comment's KUBE-SEP / KUBE-FW / KUBE-SVC / KUBE-SVL / KUBE-EXT name
+    (the last one, as `tagged` puts it at the end) and the comment without it."""
     text = comment or ""
     found = list(_NAME.finditer(text))
     if not found:
@@ -48,13 +62,14 @@ def split(comment: str | None) -> Tagged:
 
 
 def identity(comment: str | None, kind: str) -> str:
-    """The comment's name of `kind` (ENDPOINT, FIREWALL, SERVICE, LOCAL), or ""."""
+    """The comment's name of `kind` (ENDPOINT, FIREWALL, SERVICE, LOCAL,
+    EXTERNAL), or ""."""
     name, _ = split(comment)
     return name if name.startswith(kind) else ""
 
 
 def chooser(comment: str | None) -> str:
-    """The KUBE-SVC-<h> or KUBE-SVL-<h> a comment names (a `service-ips`
-    element going to a shared chooser), or ""."""
+    """The KUBE-SVC-<h>, KUBE-SVL-<h> or KUBE-EXT-<h> a comment names (an
+    element going to a shared chooser, or marking its destination), or ""."""
     name, _ = split(comment)
-    return name if name.startswith((SERVICE, LOCAL)) else ""
+    return name if name.startswith((SERVICE, LOCAL, EXTERNAL)) else ""

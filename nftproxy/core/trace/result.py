@@ -3,7 +3,7 @@
 Layer: core/trace (pure). One job: the trace's output vocabulary -- per
 path its probability, the verdict (accept / drop / reject) and where an
 accepted packet went, the service port, its KUBE-SVC/SVL/EXT chains (and
-the shared chooser that stands in for its KUBE-SVC/SVL, ruleset v7) and the
+the shared chooser that stands in for its KUBE-SVC/SVL/EXT, ruleset v7) and the
 KUBE-FW-<h> of its source-range check, the endpoint (DNAT target, the chain
 that DNATed and the endpoint's KUBE-SEP-<h>), whether it is masqueraded,
 the reasons, the affinity note, and every step on the way -- and their JSON
@@ -56,7 +56,7 @@ class Path:
     """The service port ("ns/name:port") of the map element that matched, or ""."""
     chains: tuple[str, ...]
     """The service's chains on the way (KUBE-EXT/SVC/SVL), in order; a
-    shared chooser (`chooser`) as the KUBE-SVC/SVL-<h> it stands for."""
+    shared chooser (`chooser`) as the KUBE-SVC/SVL/EXT-<h> it stands for."""
     endpoint: Endpoint | None
     masquerade: bool
     reasons: tuple[str, ...]
@@ -68,9 +68,10 @@ class Path:
     """KUBE-FW-<h> of the port whose loadBalancerSourceRanges checked the
     packet (a `firewall-vips` element matched), allowed or dropped; or ""."""
     chooser: str = ""
-    """The shared chooser the cluster IP went to (ruleset v7:
-    `dispatch-<proto>-<g>-<N>`, for a port without a KUBE-SVC/SVL chain of
-    its own), or ""."""
+    """The shared chooser the destination went to (ruleset v7, for a port
+    without chains of its own: `dispatch-<proto>-<g>-<N>` for a cluster IP,
+    external IP or LB VIP, `dispatch-nodeport-<proto>-<g>-<N>` for the node
+    port), or ""."""
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,240 @@
+"""The golden IPv4 skeleton (default config) of tests/test_rules_skeleton.py,
+as literal libnftables JSON: written out, not built with
+nftproxy.core.rules.expr, so a change of spelling shows up in the tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# --- literal JSON pieces ---------------------------------------------------------
+
+NEW = {"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["new"]}}
+L4PROTO = {"meta": {"key": "l4proto"}}
+TH_DPORT = {"payload": {"protocol": "th", "field": "dport"}}
+MARK = {"meta": {"key": "mark"}}
+
+
+def jump(target: str) -> dict[str, Any]:
+    return {"jump": {"target": target}}
+
+
+def goto(target: str) -> dict[str, Any]:
+    return {"goto": {"target": target}}
+
+
+def daddr(ip: str) -> dict[str, Any]:
+    return {"payload": {"protocol": ip, "field": "daddr"}}
+
+
+def saddr(ip: str) -> dict[str, Any]:
+    return {"payload": {"protocol": ip, "field": "saddr"}}
+
+
+def vmap(key: Any, name: str) -> dict[str, Any]:
+    return {"vmap": {"key": key, "data": "@" + name}}
+
+
+def addr_proto_port(ip: str) -> dict[str, Any]:
+    return {"concat": [daddr(ip), L4PROTO, TH_DPORT]}
+
+
+PROTO_PORT = {"concat": [L4PROTO, TH_DPORT]}
+FIB_DADDR_LOCAL = {
+    "match": {"op": "==", "left": {"fib": {"result": "type", "flags": ["daddr"]}}, "right": "local"}
+}
+NOT_LOOPBACK_V4 = {
+    "match": {"op": "!=", "left": daddr("ip"), "right": {"prefix": {"addr": "127.0.0.0", "len": 8}}}
+}
+NOT_LOOPBACK_V6 = {"match": {"op": "!=", "left": daddr("ip6"), "right": "::1"}}
+
+
+def in_set(ip: str, name: str) -> dict[str, Any]:
+    return {"match": {"op": "==", "left": daddr(ip), "right": "@" + name}}
+
+
+def mark_and(bit: int, value: int) -> dict[str, Any]:
+    return {"match": {"op": "==", "left": {"&": [MARK, bit]}, "right": value}}
+
+
+def mark_or(bit: int) -> dict[str, Any]:
+    return {"mangle": {"key": MARK, "value": {"|": [MARK, bit]}}}
+
+
+HAIRPIN_SETS = ("hairpin-endpoints", "hairpin-endpoints-b", "hairpin-endpoints-c")
+"""One per generation (the resync fills a new one in steps); a is v2-v5's name."""
+
+
+def hairpin_rule(ip: str, bit: int, name: str = "hairpin-endpoints") -> tuple[list[Any], str]:
+    """After DNAT, source == destination == an endpoint: mark for masquerade."""
+    dnated = {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}}
+    pair = {"match": {"op": "==", "left": {"concat": [saddr(ip), daddr(ip)]},
+                      "right": "@" + name}}
+    return [dnated, pair, mark_or(bit)], "hairpin: the client is the endpoint it was sent to"
+
+
+def hairpin_rules(ip: str, bit: int) -> list[tuple[list[Any], str]]:
+    return [hairpin_rule(ip, bit, name) for name in HAIRPIN_SETS]
+
+
+PROTOCOLS = ("tcp", "udp", "sctp")
+COUNTS = range(1, 65)
+"""The shared choosers: one per kind (VIP, node port), protocol and endpoint
+count 1..64."""
+DISPATCH_CHAINS = {
+    f"dispatch-{kind}{p}-a-{n}" for kind in ("", "nodeport-") for p in PROTOCOLS for n in COUNTS}
+
+
+def _dnat_pick(ip: str, protocol: str, key: list[Any], map_name: str) -> list[Any]:
+    lookup = {"map": {"key": {"concat": key}, "data": "@" + map_name}}
+    return [{"match": {"op": "==", "left": L4PROTO, "right": protocol}},
+            {"dnat": {"family": ip, "addr": lookup}}]
+
+
+def shared_chooser(ip: str, protocol: str, n: int) -> tuple[list[Any], str]:
+    """dispatch-<protocol>-a-<n>'s DNAT: ip daddr . P dport . numgen random
+    mod n in the protocol's vip-endpoints map (no masquerade rule before
+    it: the default config has no local-traffic detector)."""
+    key = [daddr(ip), {"payload": {"protocol": protocol, "field": "dport"}},
+           {"numgen": {"mode": "random", "mod": n}}]
+    return _dnat_pick(ip, protocol, key, f"vip-endpoints-{protocol}-a"), f"VIP -> {n} endpoints"
+
+
+def nodeport_chooser(ip: str, protocol: str, n: int) -> tuple[list[Any], str]:
+    """dispatch-nodeport-<protocol>-a-<n>'s one rule, a DNAT by P dport .
+    numgen random mod n in the protocol's nodeport-endpoints map (no
+    masquerade rule: KUBE-NODEPORTS marks the node port)."""
+    key = [{"payload": {"protocol": protocol, "field": "dport"}},
+           {"numgen": {"mode": "random", "mod": n}}]
+    return (_dnat_pick(ip, protocol, key, f"nodeport-endpoints-{protocol}-a"),
+            f"node port -> {n} endpoints")
+
+
+# --- the golden IPv4 skeleton (default config) --------------------------------
+
+BASE_CHAINS = {
+    "filter-prerouting-pre-dnat": ("filter", "prerouting", -110),
+    "filter-output-pre-dnat": ("filter", "output", -110),
+    "nat-prerouting": ("nat", "prerouting", -100),
+    "nat-output": ("nat", "output", -100),
+    "filter-input": ("filter", "input", 0),
+    "filter-forward": ("filter", "forward", 0),
+    "filter-output": ("filter", "output", 0),
+    "nat-postrouting": ("nat", "postrouting", 100),
+}
+
+KUBE_CHAINS = {
+    "KUBE-SERVICES",
+    "KUBE-NODEPORTS",
+    "KUBE-FIREWALL-CHECK",
+    "KUBE-EXTERNAL-SERVICES",
+    "KUBE-CLUSTER-IPS-CHECK",
+    "KUBE-REJECT",
+    "KUBE-MARK-MASQ",
+    "KUBE-POSTROUTING",
+    "KUBE-FORWARD",
+}
+
+Rules = list[tuple[list[Any], str | None]]
+
+GOLDEN_V4: dict[str, Rules] = {
+    "filter-prerouting-pre-dnat": [([NEW, jump("KUBE-FIREWALL-CHECK")], None)],
+    "filter-output-pre-dnat": [([NEW, jump("KUBE-FIREWALL-CHECK")], None)],
+    "nat-prerouting": [([jump("KUBE-SERVICES")], None)],
+    "nat-output": [([jump("KUBE-SERVICES")], None)],
+    "filter-input": [([NEW, jump("KUBE-EXTERNAL-SERVICES")], None)],
+    "filter-forward": [
+        ([NEW, jump("KUBE-EXTERNAL-SERVICES")], None),
+        ([NEW, jump("KUBE-CLUSTER-IPS-CHECK")], None),
+        ([jump("KUBE-FORWARD")], None),
+    ],
+    "filter-output": [
+        ([NEW, jump("KUBE-EXTERNAL-SERVICES")], None),
+        ([NEW, jump("KUBE-CLUSTER-IPS-CHECK")], None),
+    ],
+    "nat-postrouting": [([jump("KUBE-POSTROUTING")], None)],
+    "KUBE-SERVICES": [
+        ([{"match": {"op": "==", "left": addr_proto_port("ip"), "right": "@masquerade-vips"}},
+          jump("KUBE-MARK-MASQ")], "external destinations of services with shared choosers"),
+        ([vmap(addr_proto_port("ip"), "service-ips")],
+         "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+        ([FIB_DADDR_LOCAL, NOT_LOOPBACK_V4, goto("KUBE-NODEPORTS")],
+         "NodePort traffic (must be last)"),
+    ],
+    "KUBE-NODEPORTS": [
+        ([{"match": {"op": "==", "left": PROTO_PORT, "right": "@masquerade-nodeports"}},
+          jump("KUBE-MARK-MASQ")], "node ports of services with shared choosers"),
+        ([vmap(PROTO_PORT, "service-nodeports")], None),
+    ],
+    "KUBE-FIREWALL-CHECK": [
+        ([{"match": {"op": "==", "left": addr_proto_port("ip"), "right": "@firewall-vips"}},
+          {"match": {"op": "!=",
+                     "left": {"concat": [daddr("ip"), L4PROTO, TH_DPORT, saddr("ip")]},
+                     "right": "@firewall-allow"}},
+          {"drop": None}], "loadBalancerSourceRanges"),
+    ],
+    "KUBE-EXTERNAL-SERVICES": [
+        ([vmap(addr_proto_port("ip"), "no-endpoint-services")],
+         "services with no (local) endpoints"),
+        ([FIB_DADDR_LOCAL, NOT_LOOPBACK_V4, vmap(PROTO_PORT, "no-endpoint-nodeports")],
+         "node ports with no (local) endpoints"),
+    ],
+    "KUBE-CLUSTER-IPS-CHECK": [
+        ([in_set("ip", "cluster-ips"), goto("KUBE-REJECT")],
+         "Reject traffic to invalid ports of ClusterIPs"),
+        ([in_set("ip", "service-cidrs"), {"drop": None}],
+         "Drop traffic to unallocated ClusterIPs"),
+    ],
+    "KUBE-REJECT": [
+        ([{"match": {"op": "==", "left": L4PROTO, "right": "tcp"}},
+          {"reject": {"type": "tcp reset"}}], None),
+        ([{"reject": {"type": "icmp", "expr": "port-unreachable"}}], None),
+    ],
+    "KUBE-MARK-MASQ": [([mark_or(16384)], None)],
+    "KUBE-POSTROUTING": [
+        *hairpin_rules("ip", 16384),
+        ([mark_and(16384, 0), {"return": None}], None),
+        ([{"mangle": {"key": MARK, "value": {"^": [MARK, 16384]}}}], None),
+        ([{"masquerade": {"flags": ["fully-random"]}}], None),
+    ],
+    "KUBE-FORWARD": [
+        ([{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["invalid"]}},
+          {"drop": None}], "drop conntrack INVALID packets"),
+        ([mark_and(16384, 16384), {"accept": None}], "forward marked for masquerade"),
+        ([{"match": {"op": "in", "left": {"ct": {"key": "state"}},
+                     "right": ["established", "related"]}},
+          {"accept": None}], "forward established connections"),
+    ],
+    **{f"dispatch-{p}-a-{n}": [shared_chooser("ip", p, n)] for p in PROTOCOLS for n in COUNTS},
+    **{f"dispatch-nodeport-{p}-a-{n}": [nodeport_chooser("ip", p, n)]
+       for p in PROTOCOLS for n in COUNTS},
+}
+
+
+def _set(kind: str, name: str, type_: Any, comment: str, **extra: Any) -> dict[str, Any]:
+    fields = {"family": "ip", "table": "nftproxy", "name": name, "type": type_, **extra}
+    return {"add": {kind: {**fields, "comment": comment}}}
+
+
+THREE = ["ipv4_addr", "inet_proto", "inet_service"]
+TWO = ["inet_proto", "inet_service"]
+GOLDEN_SETS_V4 = [
+    _set("map", "service-ips", THREE, "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+         map="verdict"),
+    _set("map", "service-nodeports", TWO, "NodePort traffic", map="verdict"),
+    _set("map", "no-endpoint-services", THREE, "drop or reject services with no endpoints",
+         map="verdict"),
+    _set("map", "no-endpoint-nodeports", TWO, "drop or reject node ports with no endpoints",
+         map="verdict"),
+    _set("set", "masquerade-vips", THREE, "external IPs and LB IPs of shared choosers: masquerade"),
+    _set("set", "masquerade-nodeports", TWO, "node ports of shared choosers: masquerade"),
+    _set("set", "firewall-vips", THREE, "LoadBalancer IPs with loadBalancerSourceRanges"),
+    _set("set", "firewall-allow", [*THREE, "ipv4_addr"], "LoadBalancer IP . allowed source range",
+         flags=["interval"]),
+    *(_set("set", name, ["ipv4_addr", "ipv4_addr"], "endpoint . endpoint: hairpin connections")
+      for name in HAIRPIN_SETS),
+    _set("set", "cluster-ips", "ipv4_addr", "Active ClusterIPs"),
+    _set("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic"),
+    _set("set", "service-cidrs", "ipv4_addr", "service CIDRs (ServiceCIDR objects)",
+         flags=["interval"]),
+]

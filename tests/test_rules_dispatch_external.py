@@ -1,0 +1,469 @@
+"""Ruleset v7's shared choosers at external destinations (rules/dispatch.py, service.py,
+skeleton.py).
+
+A port with a node port, external IPs or LB VIPs shares choosers too when
+it has no ClientIP affinity, its external traffic policy is Cluster, and
+each destination it serves has 1..64 endpoints (`PortPlan.shared`). Then:
+- each external IP / LB VIP: a service-ips element goto the same
+  `dispatch-<proto>-<g>-<N>` as its cluster IP (N = its cluster endpoints),
+  comment "ns/svc:port KUBE-EXT-<h>", N `vip-endpoints-<proto>-<g>` elements
+  keyed (VIP, port, i), and a `masquerade-vips` element;
+- the node port: a service-nodeports element goto
+  `dispatch-nodeport-<proto>-<g>-<N>`, N `nodeport-endpoints-<proto>-<g>`
+  elements keyed (node port, i), and a `masquerade-nodeports` element;
+- the skeleton marks both for masquerade (kube-proxy's KUBE-EXT rule) by a
+  rule placed before the verdict map of KUBE-SERVICES / KUBE-NODEPORTS, and
+  its node port choosers DNAT without a masquerade rule of their own.
+Also: which external ports keep chains (eTP=Local, > 64 endpoints), ports
+without endpoints, loadBalancerSourceRanges unchanged (checked before DNAT),
+and the bench's 10,000-service mix. test_rules_dispatch.py holds the
+cluster IP side.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import (
+    CIP,
+    CONFIG,
+    EIP,
+    EP1,
+    EP2,
+    EP3,
+    LB,
+    LB_RANGES,
+    LOCAL,
+    MASQ,
+    NODE,
+    chain_of,
+    context,
+    endpoint,
+    many,
+    nodeport_dnat,
+    render,
+    sep,
+    service_port,
+    text,
+)
+from feed import update_service, update_slice
+
+from nftproxy.core import convert
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.model import (
+    Endpoint,
+    IPFamily,
+    L4Protocol,
+    LoadBalancerIngress,
+    ServicePort,
+    ServicePortName,
+    SessionAffinity,
+)
+from nftproxy.core.nft.plan import SKELETON
+from nftproxy.core.render import render_full
+from nftproxy.core.rules import names
+from nftproxy.core.rules import skeleton as sk
+from nftproxy.core.rules.fragment import Element, Fragment, Target, Verdict
+from nftproxy.core.rules.service import plan_port, render_service_port
+from nftproxy.core.rules.skeleton import render_skeleton
+from nftproxy.core.tracker import ProxyState
+
+V4, V6 = IPFamily.IPV4, IPFamily.IPV6
+PROTOCOLS = ("tcp", "udp", "sctp")
+GENERATIONS = ("a", "b", "c")
+ALL_EXTERNAL = service_port(
+    node_port=3001, external_ips=(EIP,), load_balancer_ingress=(LoadBalancerIngress(LB),))
+"""A node port, an external IP and an LB VIP, eTP=Cluster."""
+SHARED_SETS = ("vip-endpoints-", "nodeport-endpoints-", "masquerade-")
+
+
+def in_set(fragment: Fragment, set_name: str) -> dict[Any, Any]:
+    return {e.key: e.value for e in fragment.elements if e.set_name == set_name}
+
+
+def gotos(fragment: Fragment, set_name: str) -> dict[Any, str]:
+    """Key -> the goto target of each element of a verdict map."""
+    out = {}
+    for key, value in in_set(fragment, set_name).items():
+        assert isinstance(value, Verdict) and value.kind == "goto", (key, value)
+        out[key] = value.target
+    return out
+
+
+def picks(fragment: Fragment, set_name: str, *fixed: Any) -> list[str]:
+    """The endpoints (ip:port) of the elements (*fixed, 0..), in index order."""
+    mine = in_set(fragment, set_name)
+    out = [str(mine[(*fixed, i)]) for i in range(len(mine)) if (*fixed, i) in mine]
+    assert all(isinstance(mine[(*fixed, i)], Target) for i in range(len(out)))
+    return out
+
+
+# --- which external ports share --------------------------------------------------
+
+SHARED = [
+    pytest.param(service_port(node_port=3001), id="NodePort"),
+    pytest.param(service_port(load_balancer_ingress=(LoadBalancerIngress(LB),)),
+                 id="LoadBalancer VIP"),
+    pytest.param(service_port(node_port=3001, load_balancer_ingress=(LoadBalancerIngress(LB),)),
+                 id="LoadBalancer with node port"),
+    pytest.param(service_port(external_ips=(EIP, "192.168.99.23")), id="external IPs"),
+    pytest.param(ALL_EXTERNAL, id="all of them"),
+    pytest.param(service_port(node_port=3001, protocol=L4Protocol.UDP), id="UDP node port"),
+]
+
+
+@pytest.mark.parametrize("port", SHARED)
+def test_an_etp_cluster_external_port_is_shared_and_has_no_chain(port: ServicePort) -> None:
+    eps = (endpoint(EP2), endpoint(EP1, local=True))
+    plan = plan_port(port, eps, context())
+    assert plan.shared and plan.shared_chooser == (eps[1], eps[0])
+    fragment = render(port, eps).fragment
+    assert fragment.chains == ()
+    proto = port.protocol.nft
+    vips = (*port.external_ips, *port.load_balancer_vips)
+    assert gotos(fragment, "service-ips") == {
+        (ip, proto, 80): f"dispatch-{proto}-a-2" for ip in (CIP, *vips)}
+    assert in_set(fragment, "masquerade-vips") == {(ip, proto, 80): None for ip in vips}
+    node_ports = {(proto, port.node_port)} if port.node_port else set()
+    assert gotos(fragment, "service-nodeports") == {
+        key: f"dispatch-nodeport-{proto}-a-2" for key in node_ports}
+    assert in_set(fragment, "masquerade-nodeports") == dict.fromkeys(node_ports)
+
+
+KEEPS_CHAINS = [
+    pytest.param(replace(ALL_EXTERNAL, external_traffic_policy=LOCAL), (endpoint(EP1),),
+                 {"SVC", "EXT"}, id="eTP=Local without a local endpoint"),
+    pytest.param(replace(ALL_EXTERNAL, external_traffic_policy=LOCAL),
+                 (endpoint(EP1, local=True), endpoint(EP2)), {"SVC", "SVL", "EXT"},
+                 id="eTP=Local with a local endpoint"),
+    pytest.param(service_port(node_port=3001, external_traffic_policy=LOCAL),
+                 (endpoint(EP1, local=True),), {"SVC", "SVL", "EXT"}, id="eTP=Local node port"),
+    pytest.param(replace(ALL_EXTERNAL, session_affinity=SessionAffinity.CLIENT_IP),
+                 (endpoint(EP1),), {"SVC", "EXT"}, id="ClientIP affinity"),
+    pytest.param(ALL_EXTERNAL, many(65), {"SVC", "EXT"}, id="65 endpoints"),
+    pytest.param(replace(ALL_EXTERNAL, internal_traffic_policy=LOCAL),
+                 (endpoint(EP1, local=True), *many(64, base="10.181")), {"SVC", "SVL", "EXT"},
+                 id="iTP=Local: 1 local endpoint, 65 cluster ones at the external destinations"),
+]
+
+
+@pytest.mark.parametrize(("port", "endpoints", "chains"), KEEPS_CHAINS)
+def test_external_ports_keep_chains_with_etp_local_affinity_or_over_64_endpoints(
+    port: ServicePort, endpoints: tuple[Endpoint, ...], chains: set[str]
+) -> None:
+    plan = plan_port(port, endpoints, context())
+    assert not plan.shared and plan.shared_chooser is None
+    fragment = render(port, endpoints).fragment
+    label = {names.service_chain(port.name): "SVC", names.local_chain(port.name): "SVL",
+             names.external_chain(port.name): "EXT"}
+    assert {label[c.name] for c in fragment.chains} == chains
+    assert not any(e.set_name.startswith(SHARED_SETS) for e in fragment.elements)
+    ext = names.external_chain(port.name)
+    assert gotos(fragment, "service-nodeports") == {("tcp", 3001): ext}
+    assert set(gotos(fragment, "service-ips").values()) <= set(label)
+
+
+def test_itp_local_etp_cluster_cluster_ip_picks_local_and_externals_pick_cluster_ones() -> None:
+    """kube-proxy: the cluster IP goes to KUBE-SVL (local endpoints), the
+    external destinations to KUBE-EXT -> KUBE-SVC (every endpoint)."""
+    port = replace(ALL_EXTERNAL, internal_traffic_policy=LOCAL)
+    eps = (endpoint(EP3), endpoint(EP2, local=True), endpoint(EP1))
+    plan = plan_port(port, eps, context())
+    assert plan.shared and plan.shared_chooser == (eps[1],)
+    fragment = render(port, eps).fragment
+    assert fragment.chains == ()
+    assert gotos(fragment, "service-ips") == {
+        (CIP, "tcp", 80): "dispatch-tcp-a-1",
+        (EIP, "tcp", 80): "dispatch-tcp-a-3",
+        (LB, "tcp", 80): "dispatch-tcp-a-3",
+    }
+    every = [f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"]
+    assert picks(fragment, "vip-endpoints-tcp-a", CIP, 80) == [f"{EP2}:80"]
+    assert picks(fragment, "vip-endpoints-tcp-a", EIP, 80) == every
+    assert picks(fragment, "vip-endpoints-tcp-a", LB, 80) == every
+    assert gotos(fragment, "service-nodeports") == {("tcp", 3001): "dispatch-nodeport-tcp-a-3"}
+    assert picks(fragment, "nodeport-endpoints-tcp-a", 3001) == every
+    comments = {e.key: e.comment for e in fragment.elements if e.set_name == "service-ips"}
+    assert comments[(CIP, "tcp", 80)] == f"ns1/svc1:p80 {names.local_chain(port.name)}"
+    assert comments[(EIP, "tcp", 80)] == f"ns1/svc1:p80 {names.external_chain(port.name)}"
+
+
+def test_itp_local_without_local_endpoint_drops_the_cluster_ip_and_shares_the_rest() -> None:
+    port = replace(ALL_EXTERNAL, internal_traffic_policy=LOCAL)
+    rendered = render(port, (endpoint(EP1),))
+    fragment = rendered.fragment
+    assert rendered.internal_dropped and fragment.chains == ()
+    assert plan_port(port, (endpoint(EP1),), context()).shared_chooser is None
+    assert in_set(fragment, "no-endpoint-services") == {(CIP, "tcp", 80): Verdict("drop")}
+    assert gotos(fragment, "service-ips") == {
+        (EIP, "tcp", 80): "dispatch-tcp-a-1", (LB, "tcp", 80): "dispatch-tcp-a-1"}
+    assert gotos(fragment, "service-nodeports") == {("tcp", 3001): "dispatch-nodeport-tcp-a-1"}
+    assert (CIP, 80, 0) not in in_set(fragment, "vip-endpoints-tcp-a")
+
+
+@pytest.mark.parametrize("etp", [pytest.param(None, id="eTP=Cluster"),
+                                 pytest.param(LOCAL, id="eTP=Local")])
+def test_no_endpoints_rejects_every_destination_without_any_chooser(etp: Any) -> None:
+    port = ALL_EXTERNAL if etp is None else replace(ALL_EXTERNAL, external_traffic_policy=etp)
+    plan = plan_port(port, (), context())
+    assert plan.shared_chooser is None and not plan.uses_ext_chain
+    fragment = render(port, ()).fragment
+    assert fragment.chains == ()
+    reject = Verdict("goto", "KUBE-REJECT")
+    assert in_set(fragment, "no-endpoint-services") == {
+        (ip, "tcp", 80): reject for ip in (CIP, EIP, LB)}
+    assert in_set(fragment, "no-endpoint-nodeports") == {("tcp", 3001): reject}
+    assert not any(e.set_name.startswith(SHARED_SETS) for e in fragment.elements)
+    assert in_set(fragment, "service-ips") == in_set(fragment, "service-nodeports") == {}
+
+
+# --- the elements of each external destination -------------------------------------
+
+
+def test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements() -> None:
+    """Every element of a shared port with an external IP, an LB VIP and a
+    node port, with its comment: kube-proxy's identities (KUBE-SVC on the
+    cluster IP, KUBE-EXT on the external destinations, KUBE-SEP on endpoints)."""
+    eps = (endpoint(EP2), endpoint(EP1, 8080))
+    fragment = render(ALL_EXTERNAL, eps).fragment
+    svc, ext = names.service_chain(ALL_EXTERNAL.name), names.external_chain(ALL_EXTERNAL.name)
+    ep1 = (Target(EP1, 8080), f"ns1/svc1:p80 -> {EP1}:8080 {sep(EP1, number=8080)}")
+    ep2 = (Target(EP2, 80), f"ns1/svc1:p80 -> {EP2}:80 {sep(EP2)}")
+
+    def vip(ip: str, identity: str) -> list[Element]:
+        return [
+            Element("service-ips", (ip, "tcp", 80), Verdict("goto", "dispatch-tcp-a-2"),
+                    f"ns1/svc1:p80 {identity}"),
+            Element("vip-endpoints-tcp-a", (ip, 80, 0), *ep1),
+            Element("vip-endpoints-tcp-a", (ip, 80, 1), *ep2),
+        ]
+
+    expected = [
+        Element("cluster-ips", (CIP,)),
+        *vip(CIP, svc),
+        *vip(EIP, ext),
+        Element("masquerade-vips", (EIP, "tcp", 80), None, f"ns1/svc1:p80 {ext}"),
+        *vip(LB, ext),
+        Element("masquerade-vips", (LB, "tcp", 80), None, f"ns1/svc1:p80 {ext}"),
+        Element("service-nodeports", ("tcp", 3001),
+                Verdict("goto", "dispatch-nodeport-tcp-a-2"), f"ns1/svc1:p80 {ext}"),
+        Element("nodeport-endpoints-tcp-a", (3001, 0), *ep1),
+        Element("nodeport-endpoints-tcp-a", (3001, 1), *ep2),
+        Element("masquerade-nodeports", ("tcp", 3001), None, f"ns1/svc1:p80 {ext}"),
+        Element("hairpin-endpoints", (EP1, EP1)),
+        Element("hairpin-endpoints", (EP2, EP2)),
+    ]
+    assert sorted(map(repr, fragment.elements)) == sorted(map(repr, expected))
+    assert len(fragment.elements) == len(expected)
+
+
+def test_the_node_port_goes_to_the_shared_node_port_chooser() -> None:
+    port = service_port("dns", port_name="dns", port=53, protocol=L4Protocol.UDP, node_port=30053)
+    fragment = render(port, many(3)).fragment
+    assert gotos(fragment, "service-nodeports") == {("udp", 30053): "dispatch-nodeport-udp-a-3"}
+    assert picks(fragment, "nodeport-endpoints-udp-a", 30053) == [
+        f"10.180.0.{i}:80" for i in (1, 2, 3)]
+    assert in_set(fragment, "masquerade-nodeports") == {("udp", 30053): None}
+    assert in_set(fragment, "masquerade-vips") == {}
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_external_elements_follow_the_render_generation(generation: str) -> None:
+    ctx = replace(context(), generation=generation)
+    fragment = render_service_port(ALL_EXTERNAL, many(2), ctx).fragment
+    assert set(gotos(fragment, "service-ips").values()) == {f"dispatch-tcp-{generation}-2"}
+    assert set(gotos(fragment, "service-nodeports").values()) == {
+        f"dispatch-nodeport-tcp-{generation}-2"}
+    assert len(in_set(fragment, f"vip-endpoints-tcp-{generation}")) == 3 * 2
+    assert len(in_set(fragment, f"nodeport-endpoints-tcp-{generation}")) == 2
+    # the masquerade sets are not per generation
+    assert {e.set_name for e in fragment.elements if e.set_name.startswith("masquerade-")} == {
+        "masquerade-vips", "masquerade-nodeports"}
+
+
+def _chances(fragment: Fragment, set_name: str, key: tuple[Any, ...]) -> dict[str, Fraction]:
+    """Chance of a packet matching `key` in `set_name` (service-ips or
+    service-nodeports) being DNATed to each endpoint: follow the goto into
+    the skeleton's chooser, read its DNAT's key (the packet's destination
+    and/or port, then numgen random mod N) and look each index up."""
+    (target,) = [e.value.target for e in fragment.elements
+                 if e.set_name == set_name and e.key == key and isinstance(e.value, Verdict)]
+    chooser = chain_of(render_skeleton(V4, CONFIG, NODE), target)
+    (dnat,) = [s["dnat"] for s in chooser.rules[-1].expr if "dnat" in s]
+    *fields, index = dnat["addr"]["map"]["key"]["concat"]
+    packet = {"daddr": key[0], "dport": key[-1]}
+    fixed = tuple(packet[f["payload"]["field"]] for f in fields)
+    n = index["numgen"]["mod"]
+    mine = in_set(fragment, dnat["addr"]["map"]["data"].lstrip("@"))
+    out: dict[str, Fraction] = {}
+    for i in range(n):
+        out[str(mine[(*fixed, i)])] = out.get(str(mine[(*fixed, i)]), Fraction(0)) + Fraction(1, n)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3, 64])
+def test_every_external_destination_picks_each_endpoint_with_probability_one_over_n(
+    n: int,
+) -> None:
+    eps = many(n)
+    fragment = render(ALL_EXTERNAL, eps).fragment
+    uniform = {ep.address: Fraction(1, n) for ep in eps}
+    for ip in (CIP, EIP, LB):
+        assert _chances(fragment, "service-ips", (ip, "tcp", 80)) == uniform, ip
+    assert _chances(fragment, "service-nodeports", ("tcp", 3001)) == uniform
+
+
+@pytest.mark.parametrize("family", [V4, V6], ids=["IPv4", "IPv6"])
+def test_every_shared_external_port_names_only_what_the_skeleton_declares(
+    family: IPFamily,
+) -> None:
+    skeleton = render_skeleton(family, CONFIG, NODE)
+    chains, sets = skeleton.chain_names(), {s.name for s in skeleton.sets}
+    vips = {V4: (EIP, LB), V6: ("fd00:99::22", "fd00:1:2::3")}[family]
+    port = service_port(family=family, node_port=3001, external_ips=vips[:1],
+                        load_balancer_ingress=(LoadBalancerIngress(vips[1]),))
+    base = "10.180" if family is V4 else "fd00:10:180::"
+    for n in (1, 2, 64):
+        eps = many(n) if family is V4 else tuple(
+            endpoint(f"{base}{i + 1:x}") for i in range(n))
+        fragment = render(port, eps).fragment
+        targets = {*gotos(fragment, "service-ips").values(),
+                   *gotos(fragment, "service-nodeports").values()}
+        assert targets == {f"dispatch-tcp-a-{n}", f"dispatch-nodeport-tcp-a-{n}"}
+        assert targets <= chains
+        assert {e.set_name for e in fragment.elements} <= sets
+
+
+# --- loadBalancerSourceRanges ------------------------------------------------------
+
+
+def test_a_shared_lb_port_keeps_its_firewall_elements_checked_before_dnat() -> None:
+    """The source ranges are checked in KUBE-FIREWALL-CHECK (filter
+    prerouting/output, priority -110, before the DNAT at -100): sharing the
+    chooser changes neither the firewall elements nor where they are read."""
+    shared = render(LB_RANGES, (endpoint(EP1),)).fragment
+    own = render(replace(LB_RANGES, session_affinity=SessionAffinity.CLIENT_IP),
+                 (endpoint(EP1),)).fragment
+    assert shared.chains == () and own.chains != ()
+
+    def firewall(fragment: Fragment) -> list[Element]:
+        return [e for e in fragment.elements if e.set_name.startswith("firewall-")]
+
+    assert firewall(shared) == firewall(own) == [
+        Element("firewall-vips", (LB, "tcp", 80), None,
+                f"{names.firewall_chain(LB_RANGES.name)} ns1/svc1:p80"),
+        Element("firewall-allow", (LB, "tcp", 80, "203.0.113.0/25")),
+    ]
+    skeleton = render_skeleton(V4, CONFIG, NODE)
+    readers = {c.name for c in skeleton.chains for r in c.rules if "@firewall-vips" in text(r)}
+    assert readers == {sk.FIREWALL_CHECK}
+    hooked = {c.name: c.hook for c in skeleton.chains if c.hook is not None}
+    jumps = {c for c in hooked if any(f"jump {sk.FIREWALL_CHECK}" in text(r)
+                                      for r in chain_of(skeleton, c).rules)}
+    dnat_prio = {hooked[c].prio for c in ("nat-prerouting", "nat-output") if hooked[c]}
+    assert jumps and all(hooked[c] and hooked[c].prio < min(dnat_prio) for c in jumps)
+
+
+# --- the skeleton: node port choosers, maps, marking rules -------------------------
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+@pytest.mark.parametrize(("family", "ip"), [(V4, "ip"), (V6, "ip6")], ids=["IPv4", "IPv6"])
+@pytest.mark.parametrize("config", [
+    pytest.param(CONFIG, id="ClusterCIDR detector"),
+    pytest.param(replace(CONFIG, masquerade_all=True), id="masqueradeAll"),
+])
+def test_the_skeleton_holds_3_protocols_x_64_node_port_choosers_of_one_dnat_rule(
+    generation: str, family: IPFamily, ip: str, config: ProxyConfig
+) -> None:
+    """No masquerade rule, whatever the detector: KUBE-NODEPORTS marked the
+    packet from masquerade-nodeports before the goto."""
+    skeleton = render_skeleton(family, config, NODE, generation=generation)
+    choosers = [c for c in skeleton.chains if c.name.startswith("dispatch-nodeport-")]
+    assert [c.name for c in choosers] == [
+        f"dispatch-nodeport-{p}-{generation}-{n}" for p in PROTOCOLS for n in range(1, 65)]
+    for chain in choosers:
+        _, _, p, _, n = chain.name.split("-")
+        assert chain.hook is None
+        assert [(text(r), r.comment) for r in chain.rules] == [
+            (nodeport_dnat(int(n), p, generation, ip), f"node port -> {n} endpoints")]
+
+
+@pytest.mark.parametrize(("family", "ip"), [(V4, "ip"), (V6, "ip6")], ids=["IPv4", "IPv6"])
+def test_external_destinations_are_marked_before_the_verdict_maps(
+    family: IPFamily, ip: str
+) -> None:
+    """kube-proxy's KUBE-EXT marks eTP=Cluster external traffic for
+    masquerade before choosing; here the first rule of KUBE-SERVICES and of
+    KUBE-NODEPORTS does it for the shared ports, ahead of the vmap that
+    gotos the chooser (a goto does not come back)."""
+    skeleton = render_skeleton(family, CONFIG, NODE)
+    services = [text(r) for r in chain_of(skeleton, "KUBE-SERVICES").rules]
+    nodeports = [text(r) for r in chain_of(skeleton, "KUBE-NODEPORTS").rules]
+    assert services[:2] == [
+        f"{ip} daddr . meta l4proto . th dport @masquerade-vips {MASQ}",
+        f"{ip} daddr . meta l4proto . th dport vmap @service-ips",
+    ]
+    assert nodeports == [
+        f"meta l4proto . th dport @masquerade-nodeports {MASQ}",
+        "meta l4proto . th dport vmap @service-nodeports",
+    ]
+    decls = {s.name: s for s in skeleton.sets}
+    assert decls["masquerade-vips"].key == (f"{ip} daddr", "meta l4proto", "th dport")
+    assert decls["masquerade-nodeports"].key == ("meta l4proto", "th dport")
+    assert not any(decls[n].map or decls[n].flags or decls[n].text_only
+                   for n in ("masquerade-vips", "masquerade-nodeports"))
+
+
+# --- at scale: the bench's mix ------------------------------------------------------
+
+
+def _bench_state() -> tuple[ProxyState, Any, ProxyConfig]:
+    """bench/benchlib.py's 10,000 x 10 mix, converted as the agent does."""
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import benchlib
+
+    services, slices = benchlib.make_cluster(benchlib.ClusterShape(10_000, 10))
+    state = ProxyState(V4)
+    for svc, slc in zip(services, slices, strict=True):
+        update_service(state.service_tracker, None, svc)
+        update_slice(state.endpoint_tracker, None, slc, benchlib.NODE)
+    state.apply()
+    node, problems = convert.node_info(benchlib.node_obj())
+    assert node is not None and not problems
+    config = ProxyConfig(node_name=benchlib.NODE, cluster_cidrs=(benchlib.POD_CIDR,))
+    return state, node, config
+
+
+def test_the_bench_mix_of_10000_services_keeps_chains_only_for_affinity_and_etp_local() -> None:
+    """Per 20 services of the mix: 12 ClusterIP, 2 NodePort and 2
+    LoadBalancer (one with source ranges) with eTP=Cluster, and the iTP=Local
+    ClusterIP share; the ClientIP affinity one and the 2 eTP=Local ones keep
+    chains (3 in 20: 1,500 ports)."""
+    state, node, config = _bench_state()
+    rendered = render_full(state.snapshot(), config, node, ("10.96.0.0/12",))
+    fragments = rendered.desired()
+    skeleton = fragments.pop(SKELETON)
+    assert len(fragments) == 10_000
+    own = {owner for owner, f in fragments.items() if f.chains}
+    assert len(own) == 1_500
+    services = state.snapshot().services
+    for owner in own:
+        assert isinstance(owner, ServicePortName)
+        port = services[owner]
+        assert port.affinity or (port.external_policy_local and port.externally_accessible)
+    shared = [f for f in fragments.values() if not f.chains]
+    targets = {e.value.target for f in shared for e in f.elements
+               if isinstance(e.value, Verdict) and e.value.kind == "goto"}
+    assert targets <= skeleton.chain_names()
+    assert {t.rsplit("-", 1)[0] for t in targets} == {"dispatch-tcp-a", "dispatch-nodeport-tcp-a"}
+    marked = sum(e.set_name == "masquerade-nodeports" for f in shared for e in f.elements)
+    assert marked == 4 * 500  # 2 NodePort + 2 LoadBalancer per 20
+    assert sum(e.set_name == "masquerade-vips" for f in shared for e in f.elements) == 2 * 500
