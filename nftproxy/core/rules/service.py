@@ -5,7 +5,12 @@ Layer: rules (pure). One job: kube-proxy's per-service-port semantics
 small per-feature renderers, each a pure function of the decisions in
 `PortPlan`. `render_service_port` composes them.
 
-Chains: KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
+Most ports have no chain (ruleset v7, `PortPlan.shared`): each of their
+destinations is an element that goes to a shared chooser of its endpoint
+count, and the port owns that chooser's elements for it (rules/dispatch.py
+has the shape). The others -- ClientIP affinity, an eTP=Local external
+destination, more than DISPATCH_MAX endpoints -- keep chains of their own:
+KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
 KUBE-EXT (external destinations). A chooser picks its endpoint with one
 rule, `meta l4proto P dnat to numgen random mod 1 offset F1 . numgen random
 mod 1 offset F2 . numgen random mod N map @endpoints-P-<generation>-<shard>`:
