@@ -307,7 +307,8 @@ class _Demo:
         netns.run_in(topo.node, agent.start)
         reader = stack.enter_context(NftBackend(netns=topo.node))
         deadline = time.monotonic() + FIRST_SYNC_TIMEOUT
-        while not agent.synced.is_set():
+        # the agent's own hook sets `synced`; ours (the banner's report) runs after it
+        while not agent.synced.is_set() or self.syncs.snapshot()[0] == 0:
             if self.stop.wait(0.05):
                 return topo, agent, reader
             if time.monotonic() > deadline:
