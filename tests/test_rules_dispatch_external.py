@@ -52,6 +52,7 @@ from builders import (
     text,
 )
 from feed import update_service, update_slice
+from test_rules_dispatch import GENERATIONS, PROTOCOLS, V4, V6
 
 from nftproxy.core import convert
 from nftproxy.core.config import ProxyConfig
@@ -73,9 +74,6 @@ from nftproxy.core.rules.service import plan_port, render_service_port
 from nftproxy.core.rules.skeleton import render_skeleton
 from nftproxy.core.tracker import ProxyState
 
-V4, V6 = IPFamily.IPV4, IPFamily.IPV6
-PROTOCOLS = ("tcp", "udp", "sctp")
-GENERATIONS = ("a", "b", "c")
 ALL_EXTERNAL = service_port(
     node_port=3001, external_ips=(EIP,), load_balancer_ingress=(LoadBalancerIngress(LB),))
 """A node port, an external IP and an LB VIP, eTP=Cluster."""
