@@ -84,6 +84,9 @@ class PortPlan:
     uses_local_chain: bool
     uses_ext_chain: bool
     uses_fw_chain: bool
+    shared: bool
+    """Every destination of the port goes through the shared choosers
+    (rules/dispatch.py) and the port has no chain of its own (`_shares`)."""
 
     @property
     def internal_chain(self) -> str:
@@ -95,22 +98,7 @@ class PortPlan:
     @property
     def internal_endpoints(self) -> tuple[Endpoint, ...]:
         """What the cluster IP's chooser picks from (KUBE-SVC's or KUBE-SVL's)."""
-        return self.cats.local if self.port.internal_policy_local else self.cats.cluster
-
-    @property
-    def shared(self) -> bool:
-        """Whether every destination of the port goes through the shared
-        choosers (rules/dispatch.py) and the port has no chain of its own:
-        no ClientIP affinity, no eTP=Local external destination, and
-        1..DISPATCH_MAX endpoints wherever it sends traffic."""
-        port = self.port
-        if port.affinity or (port.externally_accessible and port.external_policy_local):
-            return False
-        served = (
-            (self.has_internal, self.internal_endpoints),
-            (self.uses_ext_chain, self.cats.cluster),
-        )
-        return all(0 < len(eps) <= dispatch.DISPATCH_MAX for used, eps in served if used)
+        return _internal_endpoints(self.port, self.cats)
 
     @property
     def shared_chooser(self) -> tuple[Endpoint, ...] | None:
@@ -142,6 +130,7 @@ def plan_port(port: ServicePort, endpoints: Sequence[Endpoint], ctx: RenderConte
     cats = categorize(endpoints, port, ctx.node, prefer_same_node=ctx.config.prefer_same_node)
     has_internal = cats.has_any and (not port.internal_policy_local or bool(cats.local))
     has_external = cats.has_any and (not port.external_policy_local or bool(cats.local))
+    uses_ext_chain = cats.has_any and port.externally_accessible
     return PortPlan(
         port=port,
         cats=cats,
@@ -149,9 +138,27 @@ def plan_port(port: ServicePort, endpoints: Sequence[Endpoint], ctx: RenderConte
         has_external=has_external,
         uses_cluster_chain=bool(cats.cluster) and port.uses_cluster_endpoints,
         uses_local_chain=bool(cats.local) and port.uses_local_endpoints,
-        uses_ext_chain=cats.has_any and port.externally_accessible,
+        uses_ext_chain=uses_ext_chain,
         uses_fw_chain=bool(port.load_balancer_vips and port.load_balancer_source_ranges),
+        shared=_shares(port, cats, has_internal, uses_ext_chain),
     )
+
+
+def _internal_endpoints(port: ServicePort, cats: EndpointCategories) -> tuple[Endpoint, ...]:
+    return cats.local if port.internal_policy_local else cats.cluster
+
+
+def _shares(
+    port: ServicePort, cats: EndpointCategories, has_internal: bool, uses_ext_chain: bool
+) -> bool:
+    """Whether the port goes through the shared choosers: no ClientIP
+    affinity, no eTP=Local external destination, and 1..DISPATCH_MAX
+    endpoints wherever it sends traffic (its cluster IP: the internal
+    chooser's; its external destinations: the cluster endpoints)."""
+    if port.affinity or (port.externally_accessible and port.external_policy_local):
+        return False
+    served = ((has_internal, _internal_endpoints(port, cats)), (uses_ext_chain, cats.cluster))
+    return all(0 < len(eps) <= dispatch.DISPATCH_MAX for used, eps in served if used)
 
 
 def _key(ip: str, port: ServicePort, number: int) -> tuple[str, str, int]:
