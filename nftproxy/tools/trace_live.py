@@ -52,6 +52,10 @@ from nftproxy.core.trace.values import value_text
 
 __all__ = ["Event", "LiveTrace", "parse_event", "trace_chains"]
 
+_UNREADABLE = (Unsupported, NeedsInput, ValueError)
+"""What reading an element back from a packet line may raise: then it is
+left out of the output."""
+
 PRIORITY = -350
 _EVENT = re.compile(
     r"^trace id (?P<id>[0-9a-f]+) (?P<family>\S+) (?P<table>\S+) (?P<chain>\S+) "
@@ -301,7 +305,7 @@ class LiveTrace:
                 continue
             try:
                 outcomes = lookup(statement, self._flow(pk.headers), self._rs)
-            except (Unsupported, NeedsInput, ValueError):
+            except _UNREADABLE:
                 continue
             for o in outcomes:
                 if o.element is None or o.key is None or str(o.verdict) != verdict:
@@ -317,7 +321,7 @@ class LiveTrace:
         assert self._rs is not None and isinstance(statement.right, sx.SetRef)
         try:
             outcomes = match(statement, self._flow(pk.headers), self._rs)
-        except (Unsupported, NeedsInput, ValueError):
+        except _UNREADABLE:
             return
         for o in outcomes:
             if o.holds and o.element is not None and o.element.comment and o.key is not None:
@@ -347,7 +351,7 @@ class LiveTrace:
         try:
             to = ip_address(addr["addr"])
             found = dnat_element(statement, self._rs, to, int(port["port"]), self._flow(seen))
-        except (Unsupported, NeedsInput, ValueError):
+        except _UNREADABLE:
             return
         if found is None:
             return

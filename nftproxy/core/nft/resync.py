@@ -9,8 +9,8 @@ transactions:
   0  the skeleton: `add table`; its chains written (flushed first if
      listed); its sets and maps that are not listed added EMPTY -- among
      them the endpoints, vip-endpoints and nodeport-endpoints maps of the
-     generation the table does not use (rules/skeleton.py GENERATIONS), with that
-     generation's shared choosers (rules/dispatch.py: no element points at
+     generation the table does not use (rules/skeleton.py GENERATIONS),
+     with that generation's shared choosers (rules/dispatch.py: no element points at
      them before the final step), the hairpin sets a table of ruleset
      v5 lacks, the shared affinity set where a table of ruleset v3
      lacks it, and the masquerade sets of the shared choosers where a
@@ -116,9 +116,9 @@ def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
 
 def _leftover(name: str) -> bool:
     """A listed set the steps may leave to the final step's deletes: another
-    generation's endpoints, vip-endpoints or nodeport-endpoints map, or a set of an older
-    ruleset that only service chains use (v3's per-endpoint affinity sets,
-    v3/v4's unsharded endpoints maps)."""
+    generation's endpoints, vip-endpoints or nodeport-endpoints map, or a
+    set of an older ruleset that only service chains use (v3's per-endpoint
+    affinity sets, v3/v4's unsharded endpoints maps)."""
     return (
         generation_of(name) is not None or is_affinity_set(name) or is_unsharded_endpoints_map(name)
     )
@@ -128,9 +128,10 @@ def _added_in_steps(decl: SetDecl) -> bool:
     """Whether a skeleton set the listing lacks can simply be added, empty:
     a set of another generation (an endpoints map: only the choosers the
     steps rewrite use it; a hairpin set: KUBE-POSTROUTING looks up every
-    generation's, and a table of ruleset v5 has only generation a's), or
-    the shared affinity set (new in ruleset v4; v3 had a set per endpoint),
-    whose users are the chooser chains the steps rewrite."""
+    generation's, and a table of ruleset v5 has only generation a's), the
+    shared affinity set (new in ruleset v4; v3 had a set per endpoint),
+    whose users are the chooser chains the steps rewrite, or a masquerade
+    set of the shared choosers (`_MARKING`)."""
     return generation_of(decl.name) is not None or decl.dynamic or decl.name in _MARKING
 
 

@@ -190,32 +190,32 @@ def dnat(ip: str, port: int) -> Json:
     return {"dnat": {"addr": ip, "port": port}}
 
 
-def dnat_map(family: IPFamily, fixed: tuple[int, int], count: int, map_name: str) -> Json:
-    """`dnat ip to numgen random mod 1 offset F1 . numgen random mod 1 offset
-    F2 . numgen random mod N map @m`: the key is (F1, F2, i), i uniform over
-    0..N-1 (`numgen ... mod 1 offset F` is the constant F: nft takes no
-    literal in a concatenated lookup key)."""
-    parts = [_constant(f) for f in fixed]
-    parts.append({"numgen": {"mode": "random", "mod": count}})
+def _dnat_pick(family: IPFamily, fixed: list[Json], count: int, map_name: str) -> Json:
+    """`dnat ip to FIXED . numgen random mod N map @m`: the key is (*FIXED, i),
+    i uniform over 0..N-1."""
+    parts = [*fixed, {"numgen": {"mode": "random", "mod": count}}]
     lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
     return {"dnat": {"family": _ip(family), "addr": lookup}}
+
+
+def dnat_map(family: IPFamily, fixed: tuple[int, int], count: int, map_name: str) -> Json:
+    """`dnat ip to numgen random mod 1 offset F1 . numgen random mod 1 offset
+    F2 . numgen random mod N map @m`: the key is (F1, F2, i) (`numgen ...
+    mod 1 offset F` is the constant F: nft takes no literal in a
+    concatenated lookup key)."""
+    return _dnat_pick(family, [_constant(f) for f in fixed], count, map_name)
 
 
 def dnat_by_destination(family: IPFamily, protocol: L4Protocol, count: int, map_name: str) -> Json:
     """`dnat ip to ip daddr . P dport . numgen random mod N map @m`: the key
-    is (destination, port, i), i uniform over 0..N-1."""
-    parts = [payload(family, "daddr"), _payload(protocol.nft, "dport")]
-    parts.append({"numgen": {"mode": "random", "mod": count}})
-    lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
-    return {"dnat": {"family": _ip(family), "addr": lookup}}
+    is (destination, port, i)."""
+    destination = [payload(family, "daddr"), _payload(protocol.nft, "dport")]
+    return _dnat_pick(family, destination, count, map_name)
 
 
 def dnat_by_port(family: IPFamily, protocol: L4Protocol, count: int, map_name: str) -> Json:
-    """`dnat ip to P dport . numgen random mod N map @m`: the key is (port,
-    i), i uniform over 0..N-1."""
-    parts = [_payload(protocol.nft, "dport"), {"numgen": {"mode": "random", "mod": count}}]
-    lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
-    return {"dnat": {"family": _ip(family), "addr": lookup}}
+    """`dnat ip to P dport . numgen random mod N map @m`: the key is (port, i)."""
+    return _dnat_pick(family, [_payload(protocol.nft, "dport")], count, map_name)
 
 
 def masquerade() -> Json:

@@ -4,7 +4,8 @@ Layer: rules (pure). One job: name the sets, maps and chains a full sync in
 steps (core/nft/resync.py) fills for a generation the table does not hold --
 the endpoints maps (sharded), the vip-endpoints and nodeport-endpoints
 maps and the shared choosers (rules/dispatch.py), the hairpin sets -- and
-tell a listed name's generation. rules/skeleton.py declares them (and re-exports these names).
+tell a listed name's generation. rules/skeleton.py declares them (and
+re-exports these names).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ __all__ = [
 ENDPOINTS = "endpoints"
 HAIRPIN_ENDPOINTS = "hairpin-endpoints"
 GENERATIONS = ("a", "b", "c")
-"""The endpoints maps and the hairpin sets come in generations: a full sync
-over an existing table (core/nft/resync.py) fills one the table does not
-hold, chunk by chunk, so a chain and the elements it picks from are always
-written in the same transaction, and no transaction carries every hairpin
-element. Three, so that one is free after a resync cut short."""
+"""The endpoints maps, the shared choosers with their maps and the hairpin
+sets come in generations: a full sync over an existing table
+(core/nft/resync.py) fills one the table does not hold, chunk by chunk, so
+a chain and the elements it picks from are always written in the same
+transaction, and no transaction carries every hairpin element. Three, so
+that one is free after a resync cut short."""
 
 
 ENDPOINTS_SHARDS = 32
@@ -97,8 +99,8 @@ _FILLED_IN_STEPS = {
 
 def generation_of(name: str) -> str | None:
     """The generation of a set that comes in generations (an endpoints map,
-    a vip-endpoints or nodeport-endpoints map, a hairpin set), None for any other: the sets
-    a resync in steps fills chunk by chunk."""
+    a vip-endpoints or nodeport-endpoints map, a hairpin set), None for any
+    other: the sets a resync in steps fills chunk by chunk."""
     return _FILLED_IN_STEPS.get(name)
 
 

@@ -61,9 +61,9 @@ def split(comment: str | None) -> Tagged:
     return m.group(), " ".join(rest.split())
 
 
-def identity(comment: str | None, kind: str) -> str:
+def identity(comment: str | None, kind: str | tuple[str, ...]) -> str:
     """The comment's name of `kind` (ENDPOINT, FIREWALL, SERVICE, LOCAL,
-    EXTERNAL), or ""."""
+    EXTERNAL, or a tuple of them), or ""."""
     name, _ = split(comment)
     return name if name.startswith(kind) else ""
 
@@ -71,5 +71,4 @@ def identity(comment: str | None, kind: str) -> str:
 def chooser(comment: str | None) -> str:
     """The KUBE-SVC-<h>, KUBE-SVL-<h> or KUBE-EXT-<h> a comment names (an
     element going to a shared chooser, or marking its destination), or ""."""
-    name, _ = split(comment)
-    return name if name.startswith((SERVICE, LOCAL, EXTERNAL)) else ""
+    return identity(comment, (SERVICE, LOCAL, EXTERNAL))
