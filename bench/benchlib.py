@@ -292,21 +292,22 @@ class FedProxier:
     kick)."""
 
     def __init__(self, config: Any, backend: Any, hooks: Sequence[Callable[..., None]]) -> None:
-        from nftproxy.agent.heap import FullSyncHeapPolicy
+        from nftproxy.agent.heap import AgentHeapPolicy
         from nftproxy.agent.intake import Intake
         from nftproxy.agent.proxier import Proxier
         from nftproxy.kernel.libnftables import malloc_trim
 
         self._changed: Callable[[], None] = lambda: None
         # the agent's heap policy (agent.py): GC paused while a full sync is
-        # built, collect + freeze + malloc_trim after it; without it a
-        # long-lived bench pays full-heap GC passes the agent does not
+        # built, state frozen after every sync (collect + malloc_trim after a
+        # full one); without it a long-lived bench pays full-heap GC passes
+        # the agent does not
         self.proxier = Proxier(
             config,
             backend,
             hooks=list(hooks),
             on_change=lambda: self._changed(),
-            heap=FullSyncHeapPolicy(malloc_trim),
+            heap=AgentHeapPolicy(malloc_trim),
         )
         self.events = Intake(self.proxier, node_name=config.node_name, report=lambda _: None)
 

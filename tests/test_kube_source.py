@@ -23,6 +23,7 @@ All traffic is on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -227,6 +228,51 @@ def test_first_list_is_paged_complete_and_then_synced_once(
     assert rec.synced.count(KIND_ENDPOINT_SLICES) == 1
     assert source.stats["services"].lists == 1
     assert source.stats["services"].objects == 1200
+
+
+def test_each_complete_list_and_its_delivery_run_inside_the_listing_bracket(
+    api: FakeApiServer,
+) -> None:
+    for i in range(3):
+        api.create(svc(f"s{i}", f"10.96.0.{i + 1}"))
+    rec = Recorder()
+    open_in: dict[str, int] = {}  # informer thread -> open brackets
+
+    @contextlib.contextmanager
+    def listing() -> Iterator[None]:
+        thread = threading.current_thread().name
+        with rec.lock:
+            open_in[thread] = open_in.get(thread, 0) + 1
+            rec.log.append(("listing", "open", thread))
+        yield
+        with rec.lock:
+            open_in[thread] -= 1
+            rec.log.append(("listing", "closed", thread))
+
+    services_thread = "nftproxy-kube-services"
+    inside: list[bool] = []
+    on_service = rec.on_service
+
+    def noting(previous: Obj | None, current: Obj | None) -> None:
+        inside.append(open_in.get(threading.current_thread().name, 0) == 1)
+        on_service(previous, current)
+
+    rec.on_service = noting  # type: ignore[method-assign]
+    source = KubeSource(api.api_client(), rec, node_name=NODE, listing=listing)
+    source.start()
+    try:
+        wait_until(lambda: synced(rec), what="initial sync")
+        api.wait_watchers("services")
+        api.create(svc("watched", "10.96.0.9"))  # a watch event: no bracket
+        wait_until(lambda: any(k.endswith("/watched") for k in rec.services), what="watch event")
+    finally:
+        source.stop()
+    assert inside == [True, True, True, False]
+    with rec.lock:
+        brackets = [(op, t) for kind, op, t in rec.log if kind == "listing"]
+    assert brackets.count(("open", services_thread)) == 1
+    assert brackets.count(("closed", services_thread)) == 1
+    assert len(brackets) == 2 * len(source.stats)  # one per resource, every one closed
 
 
 def test_watch_requests_carry_bookmarks_timeout_and_selector(

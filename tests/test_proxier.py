@@ -14,7 +14,8 @@ Aspects:
   other services are programmed;
 - the SyncReport is made of values: later syncs do not change it;
 - hooks get the report, and a failing hook does not break syncing;
-- the heap policy brackets each build and hears of each commit.
+- the heap policy brackets each build and commit, and hears of each
+  finished sync after its hooks.
 """
 
 from __future__ import annotations
@@ -386,23 +387,34 @@ def test_changes_call_on_change_and_are_counted_as_pending(backend: Recording) -
 
 
 class RecordingHeap:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, bool]] = []
+    """Records its calls, and how many commits the backend had seen when
+    a build ended (the commit is inside the bracket)."""
+
+    def __init__(self, backend: Recording) -> None:
+        self.backend = backend
+        self.calls: list[tuple[str, bool | int]] = []
 
     @contextlib.contextmanager
     def building(self, full: bool) -> Iterator[None]:
         self.calls.append(("building", full))
-        yield
+        sent = len(self.backend.sent)
+        try:
+            yield
+        finally:
+            self.calls.append(("built, commits", len(self.backend.sent) - sent))
 
-    def committed(self, full: bool) -> None:
-        self.calls.append(("committed", full))
+    def settled(self, full: bool) -> None:
+        self.calls.append(("settled", full))
 
 
-def test_the_heap_policy_brackets_builds_and_hears_of_commits(
+def test_the_heap_policy_brackets_build_and_commit_and_settles_after_the_hooks(
     backend: Recording, clock: Clock
 ) -> None:
-    heap = RecordingHeap()
-    proxier = Proxier(CONFIG, backend, heap=heap, clock=clock)
+    heap = RecordingHeap(backend)
+    proxier = Proxier(
+        CONFIG, backend, heap=heap, clock=clock,
+        hooks=[lambda report: heap.calls.append(("hook", report.full))],
+    )
     events = listed(proxier, WEB, WEB_EPS)
     proxier.sync()
     events.on_service(None, DNS)
@@ -412,9 +424,10 @@ def test_the_heap_policy_brackets_builds_and_hears_of_commits(
     with pytest.raises(NftRejected):
         proxier.sync()
     assert heap.calls == [
-        ("building", True), ("committed", True),
-        ("building", False), ("committed", False),
-        ("building", False),
+        # the first full sync onto absent tables commits in steps (two here)
+        ("building", True), ("built, commits", 2), ("hook", True), ("settled", True),
+        ("building", False), ("built, commits", 1), ("hook", False), ("settled", False),
+        ("building", False), ("built, commits", 1),  # sent, refused: nothing settles
     ]
 
 

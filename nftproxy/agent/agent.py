@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client import CollectorRegistry
 
 from nftproxy.agent.drift import FOREIGN_COMMIT
-from nftproxy.agent.heap import FullSyncHeapPolicy
+from nftproxy.agent.heap import AgentHeapPolicy, HeapPolicy
 from nftproxy.agent.intake import Intake, InvalidField
 from nftproxy.agent.proxier import Proxier
 from nftproxy.agent.report import SyncReport
@@ -140,8 +140,9 @@ class Agent:
 
     `clock` is monotonic (scheduling, health ageing), `wall_clock` epoch
     (metric timestamps, health bodies). `service_health_host` "" serves
-    health-check node ports on every address. `trim_memory` (malloc_trim
-    with the real backend) runs after full syncs. `hooks` run after each
+    health-check node ports on every address. `heap` decides what a sync
+    does to the garbage collector and malloc (agent/heap.py; default: the
+    agent's policy without malloc_trim). `hooks` run after each
     successful commit, after the agent's own. `on_invalid_field` hears of
     every invalid field once, after it was logged and counted;
     `on_sync_failure` of every failed sync, with the error.
@@ -163,7 +164,7 @@ class Agent:
         on_invalid_field: InvalidFieldCallback | None = None,
         on_sync_failure: SyncFailureCallback | None = None,
         service_health_host: str = "",
-        trim_memory: Callable[[], None] | None = None,
+        heap: HeapPolicy | None = None,
         hooks: Sequence[Callable[[SyncReport], None]] = (),
         log: logging.Logger | None = None,
     ) -> None:
@@ -186,7 +187,7 @@ class Agent:
             backend,
             hooks=[self._after_sync, self._clean_conntrack, *hooks],
             on_change=self._on_change,
-            heap=FullSyncHeapPolicy(trim_memory),
+            heap=heap or AgentHeapPolicy(),
             clock=clock,
             drift_check_period=config.sync_period,
             on_drift=self._drift_repaired,

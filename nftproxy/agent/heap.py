@@ -4,15 +4,29 @@ Layer: agent (imports the kernel's malloc helpers). One job: the
 `HeapPolicy` the Proxier calls around a sync, so the sync itself never
 touches the garbage collector or malloc:
 
-- `building(full)` brackets render + listing + stage. A full sync allocates
-  millions of acyclic objects, and the collections they trigger cost ~40% of
-  the render time at 10,000 services (measured 5.2 s -> 3.4 s): the cyclic
-  GC is paused for a full build.
-- `committed(full)` after a successful commit. The committed state a full
-  sync built lives until the next full sync: collect once and freeze it, so
-  the GC stops re-scanning it on every collection (0.3-0.4 s per full pass
-  at 10,000 services; bench/RESULTS.md); then hand freed heap back to the
-  OS (malloc_trim, where the backend's libc has it).
+- `building(full)` brackets render, stage and commit. A full sync
+  allocates millions of acyclic objects, and the collections they trigger
+  cost ~40% of the render time at 10,000 services (measured 5.2 s -> 3.4
+  s): the cyclic GC is paused until the full sync has committed, and what
+  it built is frozen before the GC resumes (else those millions sit in the
+  youngest generation, and its next collection scans them all: 256 ms at
+  10k).
+- `bulk()` brackets anything else that makes a large batch of long-lived
+  objects: the agent wraps every complete list from the API server in it
+  (cluster/kube.py `listing`). Without it the oldest generation's full
+  collections ran ten times during the initial list at 10k x 10, 20 ms
+  growing to 200 ms: ~1 s of a 9 s cold start. Brackets may overlap (the
+  informers list in parallel threads): the GC resumes when the last ends.
+- `settled(full)` after the sync's hooks, so the time it takes is not part
+  of any change's programming latency. The state a sync leaves is
+  long-lived: freeze it, so the GC stops re-scanning it. Without this, the
+  records every partial sync replaces pile up in the oldest generation,
+  whose full collections ran every ~3 s under 100 endpoint changes/s at
+  10k x 10 and took 55 ms growing to 150 ms within 20 s (one in three churn
+  syncs; bench/RESULTS.md). After a full sync: unfreeze, collect
+  everything once (frozen cyclic garbage lives at most until then: the
+  hourly full sync), freeze, and hand freed heap back to the OS
+  (malloc_trim, where the backend's libc has it).
 
 `NoHeapPolicy` touches nothing (tests, one-shot `sync`, the default).
 """
@@ -21,18 +35,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-__all__ = ["FullSyncHeapPolicy", "HeapPolicy", "NoHeapPolicy"]
+__all__ = ["AgentHeapPolicy", "HeapPolicy", "NoHeapPolicy"]
 
 
 class HeapPolicy(Protocol):
     def building(self, full: bool) -> contextlib.AbstractContextManager[None]:
-        """Brackets render + listing + stage of one sync."""
+        """Brackets render, listing, stage and commit of one sync."""
 
-    def committed(self, full: bool) -> None:
-        """After a successful commit."""
+    def settled(self, full: bool) -> None:
+        """After a successful sync's hooks."""
 
 
 class NoHeapPolicy:
@@ -42,32 +57,43 @@ class NoHeapPolicy:
     def building(self, full: bool) -> Iterator[None]:
         yield
 
-    def committed(self, full: bool) -> None:
+    def settled(self, full: bool) -> None:
         pass
 
 
-class FullSyncHeapPolicy:
+class AgentHeapPolicy:
     """What the long-running agent does: GC paused while a full sync is
-    built; after its commit, collect, freeze, and `trim` (malloc_trim)."""
+    built and committed; after every sync, its state frozen; after a full
+    one, one whole collection first and a `trim` (malloc_trim) after."""
 
     def __init__(self, trim: Callable[[], object] | None = None) -> None:
         self.trim = trim
+        self._lock = threading.Lock()
+        self._pauses = 0
+
+    def building(self, full: bool) -> contextlib.AbstractContextManager[None]:
+        return self.bulk() if full else contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def building(self, full: bool) -> Iterator[None]:
-        if not full or not gc.isenabled():
-            yield
-            return
-        gc.disable()
+    def bulk(self) -> Iterator[None]:
+        """GC paused while the block makes long-lived objects; what it made
+        frozen before the GC resumes (when the last open bracket ends)."""
+        with self._lock:
+            self._pauses += 1
+            gc.disable()
         try:
             yield
         finally:
-            gc.enable()
+            with self._lock:
+                self._pauses -= 1
+                if not self._pauses:
+                    gc.freeze()
+                    gc.enable()
 
-    def committed(self, full: bool) -> None:
-        if not full:
-            return
-        gc.collect()
+    def settled(self, full: bool) -> None:
+        if full:
+            gc.unfreeze()
+            gc.collect()
         gc.freeze()
-        if self.trim is not None:
+        if full and self.trim is not None:
             self.trim()

@@ -34,7 +34,8 @@ changed are re-rendered, and a sync with no change sends nothing.
 
 What a sync does to process-wide state (the garbage collector, malloc) is
 not decided here: a `HeapPolicy` given to the constructor (agent/heap.py)
-brackets the build of a transaction and hears of committed full syncs.
+brackets the build and commit of a transaction and hears when a sync is
+done (after its hooks).
 """
 
 from __future__ import annotations
@@ -285,6 +286,7 @@ class Proxier:
         if drift:  # after the hooks: whoever hears of the repair sees the sync recorded
             self._drift.repaired()
             self._on_drift(drift)
+        self._heap.settled(snapshot.full)
         return report
 
     def _build(
@@ -295,8 +297,8 @@ class Proxier:
         with self._heap.building(snapshot.full):
             rendered = self._render(snapshot)
             staged = self._stage(rendered, listings)
-        t_commit = self.clock()
-        ops = self._commit(staged, rendered, full=snapshot.full)
+            t_commit = self.clock()
+            ops = self._commit(staged, rendered, full=snapshot.full)
         return ops, t_commit - t_render, self.clock() - t_commit
 
     def _chunked(self) -> Chunked:
@@ -315,7 +317,6 @@ class Proxier:
         with self._heap.building(True):
             out = run_steps(steps, lambda s, r: self._send(s, r, fresh=False), self.clock)
         self._last_full = self.clock()
-        self._heap.committed(True)
         return out
 
     def _snapshot(self, *, force_full: bool = False, take_full_request: bool = False) -> SyncInput:
@@ -403,7 +404,6 @@ class Proxier:
         ops = self._send(staged, rendered, fresh=full)
         if full:
             self._last_full = self.clock()
-        self._heap.committed(full)
         return ops
 
     def _send(

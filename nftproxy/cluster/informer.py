@@ -232,8 +232,10 @@ class Informer:
         unreachable_max: float,
         not_served_retry: float,
         log: logging.Logger,
+        listing: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.res = res
+        self.listing = listing
         self.api_client = api_client
         self.deliver = deliver
         self.stopping = stopping
@@ -263,7 +265,8 @@ class Informer:
         while not self.stopping.is_set():
             try:
                 if need_list:
-                    self._list()
+                    with self.listing():
+                        self._list()
                     need_list = False
                 delay = self._watch()
             except _Stopped:

@@ -40,6 +40,7 @@ if the server did not serve them.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -187,8 +188,10 @@ class KubeSource:
     the backoff: `backoff_initial` doubling to `backoff_max` after HTTP
     errors, at most `unreachable_max` between attempts while the server does
     not answer at all (so an informer resumes within about a second of the
-    server being back; informer.py and retry.py say why). `stats` maps
-    resource name -> ResourceStats.
+    server being back; informer.py and retry.py say why). `listing()`
+    brackets every complete list, its delivery included (the agent pauses
+    its garbage collector: agent/heap.py). `stats` maps resource name ->
+    ResourceStats.
     """
 
     def __init__(
@@ -206,8 +209,10 @@ class KubeSource:
         service_cidr_retry: float = 600.0,
         node_wait: float = 10.0,
         logger: logging.Logger | None = None,
+        listing: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.api_client = _without_retries(api_client)
+        self.listing = listing
         self.handler = handler
         self.node_name = node_name
         self.clock = clock
@@ -304,6 +309,7 @@ class KubeSource:
             unreachable_max=self.unreachable_max,
             not_served_retry=self.service_cidr_retry,
             log=self.log,
+            listing=self.listing,
         )
 
     def _pairs(self, method: Callable[[], Callable[[Obj | None, Obj | None], None]],

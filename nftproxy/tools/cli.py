@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,6 +38,7 @@ from nftproxy.agent.agent import (
     SourceFactory,
     SyncFailureCallback,
 )
+from nftproxy.agent.heap import AgentHeapPolicy
 from nftproxy.agent.intake import InvalidField
 from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import ClusterEvents
@@ -186,12 +188,13 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
     if (rc := _needs_root("run")) is not None:
         return rc
     events = _ApiEvents()
+    heap = AgentHeapPolicy(malloc_trim)
     try:
         if args.source:
             config, source_factory = _file_source(args.source, config)
         else:
             config = _with_hostname(config)
-            source_factory, events = _kube_source(args.kubeconfig, config.node_name)
+            source_factory, events = _kube_source(args.kubeconfig, config.node_name, heap.bulk)
     except (SourceError, _StartError) as exc:
         print(f"nftproxy: run: {exc}", file=sys.stderr)
         return 1
@@ -206,7 +209,7 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
         on_bind_error=events.on_bind_error,
         on_sync_failure=events.on_sync_failure,
         on_invalid_field=events.on_invalid_field,
-        trim_memory=malloc_trim,
+        heap=heap,
     )
     stop = threading.Event()
     def on_signal(*_: object) -> None:
@@ -257,10 +260,15 @@ class _ApiEvents:
     on_invalid_field: Callable[[InvalidField], None] | None = None
 
 
-def _kube_source(kubeconfig: str | None, node_name: str) -> tuple[SourceFactory, _ApiEvents]:
+def _kube_source(
+    kubeconfig: str | None,
+    node_name: str,
+    listing: Callable[[], AbstractContextManager[object]] = nullcontext,
+) -> tuple[SourceFactory, _ApiEvents]:
     """The API source, and the callbacks that post Events: a health-check
     port that cannot be bound (about the Service), a refused sync (about
-    this Node), an invalid field skipped (about the object it is in)."""
+    this Node), an invalid field skipped (about the object it is in).
+    `listing` brackets each complete list (the agent's heap policy)."""
     try:  # imported lazily: the kubernetes client costs ~0.5 s to import
         from nftproxy.cluster.kube import KubeSource, from_config
         from nftproxy.cluster.kube_events import EventRecorder
@@ -274,7 +282,7 @@ def _kube_source(kubeconfig: str | None, node_name: str) -> tuple[SourceFactory,
     recorder = EventRecorder(api_client, host=node_name)
 
     def source_factory(handler: ClusterEvents) -> Source:
-        return KubeSource(api_client, handler, node_name=node_name)
+        return KubeSource(api_client, handler, node_name=node_name, listing=listing)
 
     def post(**event: str) -> None:
         threading.Thread(  # the recorder calls the API synchronously: not in the sync
