@@ -30,9 +30,10 @@ models cost 8-10x the time and 2-3.5x the memory of `json.loads`;
 `Watch(deserialize=False)` never advances its resourceVersion and raises
 KeyError on ERROR events; `Watch()` retries a 410 with the same
 resourceVersion; `SharedInformer` sends no bookmarks, has no read timeout
-and re-delivers every object after a re-list. So calls pass
-`_preload_content=False` and get the urllib3 response (unchanged from 36 to
-37), and this module parses the newline-delimited events itself.
+and re-delivers every object after a re-list. So requests go through
+cluster/rest.py (the client's ApiClient, not its pydantic-validated API
+methods, whose first calls cost +25 MB and 0.6 s) and return the urllib3
+response, and this module parses the newline-delimited events itself.
 
 Delivered objects are stripped to what the proxier reads (`strip_object`):
 metadata keeps name, namespace, uid, labels, deletionTimestamp and only the
@@ -72,6 +73,7 @@ from typing import Any, Protocol
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from nftproxy.cluster import rest
 from nftproxy.cluster.api_errors import classify, describe, retry_after
 from nftproxy.cluster.events import Obj
 from nftproxy.cluster.retry import Retry
@@ -183,7 +185,7 @@ class Resource:
     name: str  # plural, as in RBAC
     kind: str
     api_version: str
-    list_fn: Callable[[Any], Callable[..., Any]]  # ApiClient -> bound list method
+    path: str  # the collection, e.g. /api/v1/services (all namespaces)
     label_selector: str | None = None
     field_selector: str | None = None
     optional: bool = False  # 404 means "not served", not an error
@@ -334,17 +336,13 @@ class Informer:
 
     def _list(self) -> None:
         res = self.res
-        fn = res.list_fn(self.api_client)
         fresh = PackedStore()
         cont: str | None = None
         while True:
-            response = fn(
-                limit=_PAGE_SIZE,
-                _continue=cont,
-                label_selector=res.label_selector,
-                field_selector=res.field_selector,
-                _preload_content=False,
-                _request_timeout=(_CONNECT_TIMEOUT, _LIST_READ_TIMEOUT),
+            response = self._get(
+                (_CONNECT_TIMEOUT, _LIST_READ_TIMEOUT),
+                ("limit", _PAGE_SIZE),
+                ("continue", cont),
             )
             with self._tracking(response):
                 body = json.loads(response.data)
@@ -368,6 +366,15 @@ class Informer:
         self.stats.synced = True
         self._deliver(difference(old, fresh), first=first)
 
+    def _get(self, timeout: rest.Timeout, *query: tuple[str, str | int | bool | None]) -> Any:
+        """GET the resource's collection with its selectors and `query`."""
+        res = self.res
+        return rest.request(
+            self.api_client, "GET", res.path, timeout=timeout,
+            query=(("labelSelector", res.label_selector),
+                   ("fieldSelector", res.field_selector), *query),
+        )  # fmt: skip
+
     # -- watch --------------------------------------------------------------------------
 
     def _watch(self) -> float:
@@ -377,15 +384,12 @@ class Informer:
         res = self.res
         timeout = int(_WATCH_TIMEOUT[0] + (_WATCH_TIMEOUT[1] - _WATCH_TIMEOUT[0]) * self.random())
         try:
-            response = res.list_fn(self.api_client)(
-                watch=True,
-                resource_version=self.stats.resource_version or None,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout,
-                label_selector=res.label_selector,
-                field_selector=res.field_selector,
-                _preload_content=False,
-                _request_timeout=(_CONNECT_TIMEOUT, timeout + _READ_MARGIN),
+            response = self._get(
+                (_CONNECT_TIMEOUT, timeout + _READ_MARGIN),
+                ("watch", True),
+                ("resourceVersion", self.stats.resource_version or None),
+                ("allowWatchBookmarks", True),
+                ("timeoutSeconds", timeout),
             )
         except ApiException as exc:
             if exc.status == 410:  # servers before the ERROR-event convention

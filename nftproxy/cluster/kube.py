@@ -1,7 +1,8 @@
 """A cluster source that lists and watches the Kubernetes API server.
 
 Layer: sources (edge: the network, through the official `kubernetes`
-client; imports cluster.events and cluster.informer only). One job: feed a `ClusterEvents`
+client's ApiClient, requests sent by cluster/rest.py; imports cluster.events
+and cluster.informer only). One job: feed a `ClusterEvents`
 handler -- the proxier -- from the API server, the way `FileSource` feeds it
 from files. Callers: cli (`nftproxy run`), which builds the client with
 `from_config()` and the source with `KubeSource(client, proxier,
@@ -33,9 +34,7 @@ the informer goes on.
 
 Known limits: `stop()` cannot interrupt a request still waiting for its
 response headers (the threads are daemons; see informer.py for this and
-the informers' other limits); ServiceCIDRs need kubernetes>=33 (the first
-client with networking.k8s.io/v1 ServiceCIDRs) -- older clients behave as
-if the server did not serve them.
+the informers' other limits).
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
 from urllib3.util.ssl_ import create_urllib3_context
 
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents, Obj
@@ -265,7 +263,7 @@ class KubeSource:
         yield (
             Resource(
                 "services", "Service", "v1",
-                lambda c: k8s.CoreV1Api(c).list_service_for_all_namespaces,
+                "/api/v1/services",
                 label_selector=LABEL_SELECTOR,
             ),
             self._pairs(lambda: self.handler.on_service, KIND_SERVICES),
@@ -273,7 +271,7 @@ class KubeSource:
         yield (
             Resource(
                 "endpointslices", "EndpointSlice", "discovery.k8s.io/v1",
-                lambda c: k8s.DiscoveryV1Api(c).list_endpoint_slice_for_all_namespaces,
+                "/apis/discovery.k8s.io/v1/endpointslices",
                 label_selector=LABEL_SELECTOR,
             ),
             self._pairs(lambda: self.handler.on_endpoint_slice, KIND_ENDPOINT_SLICES),
@@ -282,7 +280,7 @@ class KubeSource:
             yield (
                 Resource(
                     "nodes", "Node", "v1",
-                    lambda c: k8s.CoreV1Api(c).list_node,
+                    "/api/v1/nodes",
                     field_selector=f"metadata.name={self.node_name}",
                 ),
                 self._deliver_node,
@@ -290,7 +288,7 @@ class KubeSource:
         yield (
             Resource(
                 "servicecidrs", "ServiceCIDR", "networking.k8s.io/v1",
-                _list_service_cidr,
+                "/apis/networking.k8s.io/v1/servicecidrs",
                 optional=True,
             ),
             self._deliver_service_cidrs,
@@ -361,14 +359,3 @@ def _without_retries(api_client: Any) -> Any:
     client = _client(configuration)
     client.default_headers.update(api_client.default_headers)
     return client
-
-
-def _list_service_cidr(api_client: Any) -> Callable[..., Any]:
-    api = k8s.NetworkingV1Api(api_client)
-    fn: Callable[..., Any] | None = getattr(api, "list_service_cidr", None)
-    # kubernetes < 33 has no networking.k8s.io/v1 ServiceCIDR: behave as if not served
-    return fn if fn is not None else _not_served
-
-
-def _not_served(**_: Any) -> Any:
-    raise ApiException(status=404, reason="servicecidrs not in this kubernetes client")

@@ -17,9 +17,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+
+from nftproxy.cluster import rest
 
 __all__ = ["EventRecorder"]
 
@@ -94,7 +96,6 @@ class EventRecorder:
         uid: str,
         kind: str,
     ) -> None:
-        api = k8s.CoreV1Api(self.api_client)
         now = self.wall_clock()
         stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         key = (kind, namespace, name, type_, reason, message)
@@ -104,15 +105,13 @@ class EventRecorder:
             event_name, count = seen
             try:
                 _drain(
-                    api.patch_namespaced_event(
-                        event_name,
-                        namespace,
-                        {"count": count + 1, "lastTimestamp": stamp},
-                        _content_type="application/merge-patch+json",
-                        _preload_content=False,
-                        _request_timeout=_EVENT_TIMEOUT,
+                    rest.request(
+                        self.api_client, "PATCH", _events_path(namespace, event_name),
+                        body={"count": count + 1, "lastTimestamp": stamp},
+                        content_type="application/merge-patch+json",
+                        timeout=_EVENT_TIMEOUT,
                     )
-                )
+                )  # fmt: skip
                 self._remember(key, event_name, count + 1)
                 self.posted += 1
                 return
@@ -125,7 +124,7 @@ class EventRecorder:
             involved["namespace"] = namespace
         if uid:
             involved["uid"] = uid
-        body: Any = {  # a dict: the client validates it into its model
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": event_name, "namespace": namespace},
@@ -141,8 +140,8 @@ class EventRecorder:
             "count": 1,
         }
         _drain(
-            api.create_namespaced_event(
-                namespace, body, _preload_content=False, _request_timeout=_EVENT_TIMEOUT
+            rest.request(
+                self.api_client, "POST", _events_path(namespace), body=body, timeout=_EVENT_TIMEOUT
             )
         )
         self._remember(key, event_name, 1)
@@ -154,6 +153,12 @@ class EventRecorder:
             self._seen.move_to_end(key)
             while len(self._seen) > self.cache_size:
                 self._seen.popitem(last=False)
+
+
+def _events_path(namespace: str, name: str = "") -> str:
+    """The core/v1 Events of `namespace`, or one of them."""
+    base = f"/api/v1/namespaces/{quote(namespace, safe='')}/events"
+    return f"{base}/{quote(name, safe='')}" if name else base
 
 
 def _drain(response: Any) -> None:
