@@ -58,9 +58,7 @@ class _FamilyHealth:
     def set_port(
         self, spn: ServicePortName, port: ServicePort | None, endpoints: Iterable[Endpoint]
     ) -> None:
-        check = port.health_check_node_port if port else 0  # (most ports: 0)
-        if port and check and not port.external_policy_local:
-            check = 0
+        check = port.health_check_node_port if port and port.external_policy_local else 0
         _put(self.check_ports, spn, check or None)
         ips = frozenset(ep.ip for ep in endpoints if ep.is_local and ep.ready)
         _put(self.local_ips, spn, ips or None)

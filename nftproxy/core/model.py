@@ -12,7 +12,7 @@ ServicePort per port, each tracked and rendered into its own table.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -143,16 +143,19 @@ class ServicePort:
     health_check_node_port: int = 0
     traffic_distribution: str = ""
 
+    def _vip_ingress(self) -> Iterator[LoadBalancerIngress]:
+        """The LB ingress kube-proxy captures (ipMode VIP; Proxy is left alone)."""
+        return (i for i in self.load_balancer_ingress if i.ip_mode is IPMode.VIP)
+
     @property
     def load_balancer_vips(self) -> tuple[str, ...]:
-        """LB ingress IPs that kube-proxy captures (ipMode VIP; Proxy is left alone)."""
-        return tuple(i.ip for i in self.load_balancer_ingress if i.ip_mode is IPMode.VIP)
+        """LB ingress IPs that kube-proxy captures."""
+        return tuple(i.ip for i in self._vip_ingress())
 
     @property
     def externally_accessible(self) -> bool:
-        return bool(self.node_port or self.external_ips) or any(
-            i.ip_mode is IPMode.VIP for i in self.load_balancer_ingress
-        )
+        # without building load_balancer_vips: asked of every port, every full sync
+        return bool(self.node_port or self.external_ips) or any(True for _ in self._vip_ingress())
 
     @property
     def external_policy_local(self) -> bool:
