@@ -12,7 +12,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nftproxy.core.convert import fields
-from nftproxy.core.model import Endpoint
+from nftproxy.core.model import (
+    Endpoint,
+    IPFamily,
+    IPMode,
+    L4Protocol,
+    LoadBalancerIngress,
+    ServicePort,
+    ServicePortName,
+    SessionAffinity,
+    TrafficPolicy,
+)
 
 
 def slow_parse(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -75,3 +85,18 @@ def test_at_port_is_replace_for_every_field() -> None:
         "ip", "port", "ready", "serving", "terminating", "node_name", "zone",
         "zone_hints", "node_hints", "is_local",
     ]
+
+
+def test_service_port_at_port_is_replace_for_every_field() -> None:
+    template = ServicePort(
+        ServicePortName("", "", "", L4Protocol.TCP), IPFamily.IPV6, "fd00::1", 0,
+        L4Protocol.TCP, 0, ("fd00::2",), (LoadBalancerIngress("fd00::3", IPMode.PROXY),),
+        ("fd00::/8",), TrafficPolicy.LOCAL, TrafficPolicy.LOCAL, SessionAffinity.CLIENT_IP,
+        77, 30001, "PreferClose",
+    )  # fmt: skip
+    name = ServicePortName("ns", "web", "http", L4Protocol.UDP)
+    assert template.at_port(name, 53, L4Protocol.UDP, 30053) == dataclasses.replace(
+        template, name=name, port=53, protocol=L4Protocol.UDP, node_port=30053
+    )
+    # a field added to ServicePort must be added to at_port too
+    assert len(dataclasses.fields(ServicePort)) == 15

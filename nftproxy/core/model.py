@@ -143,6 +143,18 @@ class ServicePort:
     health_check_node_port: int = 0
     traffic_distribution: str = ""
 
+    def at_port(
+        self, name: ServicePortName, port: int, protocol: L4Protocol, node_port: int
+    ) -> ServicePort:
+        """This service's port `name` (dataclasses.replace spelled out: once
+        per port of the initial list: 3.4 -> 1.3 us)."""
+        return ServicePort(
+            name, self.family, self.cluster_ip, port, protocol, node_port, self.external_ips,
+            self.load_balancer_ingress, self.load_balancer_source_ranges,
+            self.external_traffic_policy, self.internal_traffic_policy, self.session_affinity,
+            self.affinity_timeout, self.health_check_node_port, self.traffic_distribution,
+        )  # fmt: skip
+
     def _vip_ingress(self) -> Iterator[LoadBalancerIngress]:
         """The LB ingress kube-proxy captures (ipMode VIP; Proxy is left alone)."""
         return (i for i in self.load_balancer_ingress if i.ip_mode is IPMode.VIP)

@@ -17,7 +17,6 @@ Known limits:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from nftproxy.core.convert import fields, problems
@@ -85,7 +84,7 @@ def _service_ports(
         if key in result:
             report.add(f"{path}.name", f"duplicate port {port_name!r}/{protocol.value}")
             continue
-        result[key] = replace(template, name=key, port=port, protocol=protocol, node_port=node_port)
+        result[key] = template.at_port(key, port, protocol, node_port)
     return result, report.problems
 
 
