@@ -7,10 +7,10 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from fakeapi import FakeApiServer
 from kubernetes.client.exceptions import ApiException
 
 from nftproxy.cluster import rest
-from tests.fakeapi import FakeApiServer
 
 TIMEOUT = (2.0, 5.0)
 
