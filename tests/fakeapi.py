@@ -108,6 +108,7 @@ class Request:
     query: Mapping[str, str]
     resource: str = ""  # plural, "" for discovery
     verb: str = ""  # list | watch | get | create | patch | discovery
+    authorization: str = ""  # the Authorization header as sent
 
     @property
     def watch(self) -> bool:
@@ -646,8 +647,9 @@ class _Handler(BaseHTTPRequestHandler):
         verb = _verb(method, route, query)
         api = self.api
         api.requests.append(
-            Request(method, url.path, query, route.rtype.plural if route else "", verb)
-        )
+            Request(method, url.path, query, route.rtype.plural if route else "", verb,
+                    self.headers.get("Authorization") or "")
+        )  # fmt: skip
         if discovery is not None:
             self._send_json(200, discovery)
             return

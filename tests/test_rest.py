@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from fakeapi import FakeApiServer
+from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from nftproxy.cluster import rest
@@ -41,6 +42,15 @@ def test_get_returns_the_unread_response_and_sends_the_query(api: FakeApiServer)
     seen = api.requests_of("services", "list")[-1]
     # None is left out; booleans are lower case, as the generated methods send them
     assert dict(seen.query) == {"limit": "500", "labelSelector": "!a", "watch": "false"}
+
+
+def test_the_bearer_token_is_sent_as_the_generated_methods_send_it(api: FakeApiServer) -> None:
+    config = k8s_client.Configuration(
+        host=api.url, api_key={"authorization": "t0ken"}, api_key_prefix={"authorization": "Bearer"}
+    )
+    client = k8s_client.ApiClient(configuration=config)
+    rest.request(client, "GET", "/api/v1/services", timeout=TIMEOUT).release_conn()
+    assert api.requests_of("services", "list")[-1].authorization == "Bearer t0ken"
 
 
 def test_an_answer_outside_2xx_raises_the_clients_api_exception(api: FakeApiServer) -> None:
