@@ -262,7 +262,10 @@ def test_each_complete_list_and_its_delivery_run_inside_the_listing_bracket(
     source.start()
     try:
         wait_until(lambda: synced(rec), what="initial sync")
-        api.wait_watchers("services")
+        # every informer watching: its list bracket closed (the ServiceCIDRs'
+        # list may still be in flight when Services and slices are synced)
+        for resource in ("services", "endpointslices", "nodes", "servicecidrs"):
+            api.wait_watchers(resource)
         api.create(svc("watched", "10.96.0.9"))  # a watch event: no bracket
         wait_until(lambda: any(k.endswith("/watched") for k in rec.services), what="watch event")
     finally:
