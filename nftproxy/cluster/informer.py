@@ -366,7 +366,7 @@ class Informer:
         self.stats.synced = True
         self._deliver(difference(old, fresh), first=first)
 
-    def _get(self, timeout: rest.Timeout, *query: tuple[str, str | int | bool | None]) -> Any:
+    def _get(self, timeout: rest.Timeout, *query: rest.QueryParam) -> Any:
         """GET the resource's collection with its selectors and `query`."""
         res = self.res
         return rest.request(

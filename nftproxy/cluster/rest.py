@@ -27,10 +27,13 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-__all__ = ["Query", "Timeout", "request"]
+__all__ = ["Query", "QueryParam", "Timeout", "request"]
 
-Query = Sequence[tuple[str, str | int | bool | None]]
-"""Query parameters in order; a None value is left out."""
+QueryParam = tuple[str, str | int | bool | None]
+"""One query parameter; a None value is left out."""
+
+Query = Sequence[QueryParam]
+"""Query parameters, in order."""
 
 Timeout = float | tuple[float, float]
 """urllib3's: total, or (connect, read) seconds."""

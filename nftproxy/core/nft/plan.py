@@ -294,25 +294,30 @@ _Claims = tuple[dict[Owner, Element], dict[Owner, Element]]
 and by their new ones."""
 
 
-def _claims_of(touched: dict[ElemId, tuple[Owner, Element] | _Claims], elem_id: ElemId) -> _Claims:
-    """The id's claims, made from a bare (owner, new element) if that is what
-    it held so far."""
+_Slot = tuple[Owner, Element] | _Claims
+"""What `_touched` holds for an element id: a bare (owner, new element), or its claims."""
+
+
+def _as_claims(slot: _Slot) -> _Claims:
+    """The slot as claims: a bare (owner, element) is one new claim."""
+    if isinstance(slot[1], Element):
+        return ({}, {slot[0]: slot[1]})
+    return slot
+
+
+def _claims_of(touched: dict[ElemId, _Slot], elem_id: ElemId) -> _Claims:
+    """The id's claims in `touched`, stored as claims from now on."""
     slot = touched.get(elem_id)
-    if slot is None:
-        claims: _Claims = ({}, {})
-    elif isinstance(slot[1], Element):
-        claims = ({}, {slot[0]: slot[1]})
-    else:
-        return slot
+    claims = ({}, {}) if slot is None else _as_claims(slot)
     touched[elem_id] = claims
     return claims
 
 
-def _touched(changes: Mapping[Owner, _Change]) -> dict[ElemId, tuple[Owner, Element] | _Claims]:
+def _touched(changes: Mapping[Owner, _Change]) -> dict[ElemId, _Slot]:
     """Every element id the changed owners' old and new records name. An id
     named once, by a new record, stays a bare (owner, element): what a
     fresh chunk is made of, ~250,000 at 10,000 x 10, without two dicts each."""
-    touched: dict[ElemId, tuple[Owner, Element] | _Claims] = {}
+    touched: dict[ElemId, _Slot] = {}
     for owner, (old, new, _) in changes.items():
         for e in old.elements if old else ():
             _claims_of(touched, (e.set_name, e.key))[0][owner] = e
@@ -331,13 +336,11 @@ def _diff_elements(b: _Batch, state: TableState, changes: Mapping[Owner, _Change
     names the owner, which `dump` reads). Returns the number of element changes."""
     committed, n = Resolver(state.fragments), 0
     for elem_id, slot in _touched(changes).items():
-        if isinstance(slot[1], Element):
-            if state.index.winner(*elem_id) is None:  # new, and nobody else's
-                b.add_elems.setdefault(elem_id[0], []).append(slot[1])
-                n += 1
-                continue
-            slot = ({}, {slot[0]: slot[1]})
-        olds, news = slot
+        if isinstance(slot[1], Element) and state.index.winner(*elem_id) is None:
+            b.add_elems.setdefault(elem_id[0], []).append(slot[1])  # new, nobody else's
+            n += 1
+            continue
+        olds, news = _as_claims(slot)
         owners = state.index.owners(*elem_id)
         stay = [o for o in owners if o not in olds]
         before = _claimed(owners[0], elem_id, olds, committed) if owners else None
