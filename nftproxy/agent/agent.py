@@ -394,7 +394,7 @@ class Agent:
             self.metrics.record_table(
                 fam.family.value, chains=t.chains, rules=t.rules, sets=t.sets, elements=t.elements
             )
-        self.service_health.sync(dict(report.health_check_ports), dict(report.local_endpoints))
+        self.service_health.sync(report.health_check_ports, report.local_endpoints)
         self._log_sync(report)
         self.synced.set()
 

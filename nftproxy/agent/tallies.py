@@ -15,17 +15,18 @@ ones a sync touched -- without reading the whole maps on every sync:
   found no local endpoint (the sync_proxy_rules_no_local_endpoints_total
   gauges), counted as the render step reports them.
 
-What is handed out are read-only views of dicts that are replaced, never
-changed, once handed out: an earlier report keeps its values.
+What is handed out are `PersistentMap`s: an update derives new ones that
+share every untouched shard, so an earlier report keeps its values and an
+update costs O(changed), not a copy of every service's figure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from types import MappingProxyType
 from typing import TypeVar
 
 from nftproxy.core.model import Endpoint, IPFamily, NamespacedName, ServicePort, ServicePortName
+from nftproxy.core.pmap import MapEdit, PersistentMap
 from nftproxy.core.render import NoLocal, RenderedFamily
 from nftproxy.core.tracker import StateSnapshot
 
@@ -80,21 +81,21 @@ class HealthTally:
     def __init__(self, families: Iterable[IPFamily]) -> None:
         self._order = tuple(families)
         self._families = {f: _FamilyHealth() for f in self._order}
-        self._ports: dict[NamespacedName, int] = {}
-        self._local: dict[NamespacedName, int] = {}
+        self._ports: PersistentMap[NamespacedName, int] = PersistentMap()
+        self._local: PersistentMap[NamespacedName, int] = PersistentMap()
 
     @property
     def health_check_ports(self) -> Mapping[NamespacedName, int]:
-        return MappingProxyType(self._ports)
+        return self._ports
 
     @property
     def local_endpoints(self) -> Mapping[NamespacedName, int]:
-        return MappingProxyType(self._local)
+        return self._local
 
     def rebuild(self, states: Mapping[IPFamily, StateSnapshot]) -> None:
         """Recompute from the whole maps (a full sync)."""
         self._families = {f: _FamilyHealth() for f in self._order}
-        self._ports, self._local = {}, {}
+        self._ports, self._local = PersistentMap(), PersistentMap()
         self.update(states, {f: s.services.keys() | s.endpoints.keys() for f, s in states.items()})
 
     def update(
@@ -109,15 +110,15 @@ class HealthTally:
             for spn in ports:
                 health.set_port(spn, state.services.get(spn), state.endpoints.get(spn, ()))
                 touched.add(spn.service)
-        copied = False
+        check_ports, local_counts = self._ports.edit(), self._local.edit()
         for svc in touched:
             port, local = self._merged(svc)
             if self._ports.get(svc) == port and self._local.get(svc) == local:
                 continue
-            if not copied:  # views handed out keep the dicts they have
-                self._ports, self._local, copied = dict(self._ports), dict(self._local), True
-            _set(self._ports, svc, port)
-            _set(self._local, svc, local)
+            _set(check_ports, svc, port)
+            _set(local_counts, svc, local)
+        if touched:
+            self._ports, self._local = check_ports.done(), local_counts.done()
 
     def _merged(self, svc: NamespacedName) -> tuple[int | None, int | None]:
         port: int | None = None
@@ -128,7 +129,7 @@ class HealthTally:
         return port, local or None
 
 
-def _set(table: dict[NamespacedName, int], key: NamespacedName, value: int | None) -> None:
+def _set(table: MapEdit[NamespacedName, int], key: NamespacedName, value: int | None) -> None:
     if value is None:
         table.pop(key, None)
     else:

@@ -47,6 +47,7 @@ from typing import Any
 
 from nftproxy.core.address import parse_address
 from nftproxy.core.model import NamespacedName, NodeInfo
+from nftproxy.core.pmap import PersistentMap
 from nftproxy.serving.http import NOT_FOUND, App, HttpEndpoint, HttpServerGroup, Response
 
 __all__ = [
@@ -257,7 +258,7 @@ class ServiceHealthServers:
         self.on_bind_error = on_bind_error
         self.log = log or logging.getLogger(__name__)
         self._lock = threading.Lock()  # guards _local against request threads
-        self._local: dict[NamespacedName, int] = {}
+        self._local: Mapping[NamespacedName, int] = {}
         self._group: HttpServerGroup[NamespacedName] = HttpServerGroup(name="service-health")
         self._ports: dict[NamespacedName, int] = {}  # served now
         self._failed: dict[NamespacedName, int] = {}
@@ -267,9 +268,14 @@ class ServiceHealthServers:
         ports: Mapping[NamespacedName, int],
         local_endpoints: Mapping[NamespacedName, int],
     ) -> None:
-        """Serve exactly `ports`; answer with `local_endpoints` (absent = 0)."""
+        """Serve exactly `ports`; answer with `local_endpoints` (absent = 0).
+        A PersistentMap (what the sync reports) is kept as it is: it cannot
+        change; any other mapping is copied."""
+        local = (
+            local_endpoints if isinstance(local_endpoints, PersistentMap) else dict(local_endpoints)
+        )
         with self._lock:
-            self._local = dict(local_endpoints)
+            self._local = local
         for service, port in list(self._ports.items()):
             if ports.get(service) != port:
                 self.log.info(
