@@ -19,6 +19,7 @@ Aspects:
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -374,6 +375,8 @@ def test_a_refused_step_raises_and_the_next_sync_converges(commits: Commits) -> 
     with pytest.raises(NftRejected):
         proxier.sync()
     assert len(commits.sent) == 3
+    # The steps stopped, and with them the thread rendering the next chunk.
+    assert not [t for t in threading.enumerate() if t.name.startswith("render-ahead")]
     report = proxier.sync()
     assert report.full and len(commits.sent) > 5  # in steps again: they fill generation "c"
     want = one_transaction(old_cluster(), new_cluster(), generation="c")[0]

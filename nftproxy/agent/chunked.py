@@ -16,15 +16,21 @@ cluster into a sequence of transactions, each sent by the proxier's `_send`
   declarations, same base-chain hooks); otherwise `steps` returns None and
   the proxier sends today's single transaction.
 
-Steps are lazy: a step is rendered and staged when taken, after the previous
-one was committed (a chunk onto absent tables diffs against what the
-previous one recorded).
+Steps are lazy: a step is staged when taken, after the previous one was
+committed (a chunk onto absent tables diffs against what the previous one
+recorded). Its render, which depends on nothing committed, runs one step
+ahead in a thread of its own (`_rendered_ahead`): libnftables runs with the
+GIL released (ctypes), so while the kernel takes one chunk the next is
+rendered on another core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 from nftproxy.agent.report import SyncInput
 from nftproxy.core.config import ProxyConfig
@@ -36,6 +42,8 @@ from nftproxy.core.render import RenderedFamily, chunks, render_fresh
 from nftproxy.core.rules.skeleton import GENERATIONS, endpoints_generation
 
 __all__ = ["Chunked", "Step", "run_steps"]
+
+T = TypeVar("T")
 
 Rendered = Mapping[IPFamily, RenderedFamily]
 Listings = Mapping[IPFamily, TableListing | None]
@@ -58,7 +66,7 @@ class Chunked:
     typeof: bool = False
     defer_deletes: bool = False
 
-    def steps(self, snapshot: SyncInput, listings: Listings) -> Iterator[Step] | None:
+    def steps(self, snapshot: SyncInput, listings: Listings) -> Generator[Step, None, None] | None:
         """The steps of the full sync `snapshot` over `listings`, or None:
         send it as one transaction."""
         if all(listing is None for listing in listings.values()):
@@ -78,13 +86,17 @@ class Chunked:
             generation,
         )
 
-    def _fresh(self, snapshot: SyncInput) -> Iterator[Step]:
+    def _fresh(self, snapshot: SyncInput) -> Generator[Step, None, None]:
         absent: dict[IPFamily, TableListing | None] = {f: None for f in snapshot.families}
         generations = {self.tables[f].generation for f in snapshot.families}
-        for rendered in self._renders(snapshot, min(generations, default=GENERATIONS[0])):
-            yield self.stage(rendered, absent), rendered
+        renders = self._renders(snapshot, min(generations, default=GENERATIONS[0]))
+        with closing(_rendered_ahead(renders)) as ahead:
+            for rendered in ahead:
+                yield self.stage(rendered, absent), rendered
 
-    def _resync(self, snapshot: SyncInput, listings: Listings) -> Iterator[Step] | None:
+    def _resync(
+        self, snapshot: SyncInput, listings: Listings
+    ) -> Generator[Step, None, None] | None:
         states = [inp.state for inp in snapshot.families.values()]
         if sum(1 for _ in chunks(states, self.min_endpoints)) < 2:
             return None
@@ -105,7 +117,21 @@ class Chunked:
             )
             for f in skeletons
         }
-        return _resync_steps(plans, skeletons, renders)
+        return _resync_steps(plans, skeletons, _rendered_ahead(renders))
+
+
+_END = object()
+
+
+def _rendered_ahead(renders: Iterator[T]) -> Generator[T, None, None]:
+    """`renders`' items, each next one computed in a worker thread while
+    the caller works on (stages and commits) the current one. At most one
+    is computed ahead; closing this generator waits for it and drops it."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="render-ahead") as worker:
+        pending = worker.submit(next, renders, _END)
+        while (item := pending.result()) is not _END:
+            pending = worker.submit(next, renders, _END)
+            yield cast(T, item)
 
 
 def _next_generation(listings: Listings) -> str | None:
@@ -125,28 +151,31 @@ def _next_generation(listings: Listings) -> str | None:
 def _resync_steps(
     plans: Mapping[IPFamily, ResyncPlan],
     skeletons: Rendered,
-    rest: Iterator[Rendered],
-) -> Iterator[Step]:
+    rest: Generator[Rendered, None, None],
+) -> Generator[Step, None, None]:
     yield {f: plans[f].step(r.desired(), first=True) for f, r in skeletons.items()}, skeletons
-    for rendered in rest:
-        yield {f: plans[f].step(r.desired()) for f, r in rendered.items()}, rendered
+    with closing(rest):
+        for rendered in rest:
+            yield {f: plans[f].step(r.desired()) for f, r in rendered.items()}, rendered
     yield {f: plan.final() for f, plan in plans.items()}, {}
 
 
 def run_steps(
-    steps: Iterator[Step],
+    steps: Generator[Step, None, None],
     send: Callable[[Mapping[IPFamily, Staged], Rendered], int],
     clock: Callable[[], float],
 ) -> tuple[int, float, float]:
     """Take, send and time each step: (commands, render s, commit s); a
-    refused step raises (the next sync is full and lists again)."""
+    refused step raises (the next sync is full and lists again) and stops
+    the steps (their render ahead too)."""
     ops, render_s, commit_s = 0, 0.0, 0.0
-    while True:
-        t_render = clock()  # the step is rendered and staged when taken
-        step = next(steps, None)
-        if step is None:
-            return ops, render_s, commit_s
-        t_commit = clock()
-        ops += send(*step)
-        render_s += t_commit - t_render
-        commit_s += clock() - t_commit
+    with closing(steps):
+        while True:
+            t_render = clock()  # the step is staged (its render waited for) when taken
+            step = next(steps, None)
+            if step is None:
+                return ops, render_s, commit_s
+            t_commit = clock()
+            ops += send(*step)
+            render_s += t_commit - t_render
+            commit_s += clock() - t_commit

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nftproxy.agent.chunked import Chunked, Step, run_steps
@@ -312,7 +312,7 @@ class Proxier:
             defer_deletes=self._defer_deletes,
         )
 
-    def _build_steps(self, steps: Iterator[Step]) -> tuple[int, float, float]:
+    def _build_steps(self, steps: Generator[Step, None, None]) -> tuple[int, float, float]:
         """A full sync in steps (agent/chunked.py), each its own transaction."""
         with self._heap.building(True):
             out = run_steps(steps, lambda s, r: self._send(s, r, fresh=False), self.clock)
