@@ -11,7 +11,8 @@ step and time it again after each step:
    chain (or to a chain that jumps to one) is deleted;
 3. `no_chain_ports`: every `service-ips` / `service-nodeports` /
    `firewall-ips` element that goes to a port's own chain (affinity,
-   eTP=Local, > 64 endpoints) is deleted, so those chains are unreachable;
+   > 64 endpoints; eTP=Local before ruleset v8) is deleted, so those
+   chains are unreachable;
 4. `few_elements`: all but 100 of the remaining `service-ips` elements are
    deleted.
 
@@ -106,7 +107,9 @@ def _delete_affinity_gotos(backend: Any) -> None:
 
 
 def _delete_chain_gotos(backend: Any) -> None:
-    _delete_gotos(backend, lambda target: not target.startswith("dispatch-"))
+    from nftproxy.core.rules.skeleton import chain_generation
+
+    _delete_gotos(backend, lambda target: chain_generation(target) is None)
 
 
 def _delete_gotos(backend: Any, doomed: Any) -> None:

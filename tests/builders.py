@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pytest
+
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import (
     Endpoint,
@@ -34,6 +36,7 @@ from nftproxy.core.model import (
     SessionAffinity,
     TrafficPolicy,
 )
+from nftproxy.core.rules import dispatch as shared_dispatch
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.detect import local_detector
@@ -154,6 +157,22 @@ def context(
     family: IPFamily = IPFamily.IPV4, config: ProxyConfig = CONFIG, node: NodeInfo = NODE
 ) -> RenderContext:
     return RenderContext(family, config, node, local_detector(family, config, node))
+
+
+def render_own(
+    port: ServicePort,
+    endpoints: Sequence[Endpoint] = (),
+    *,
+    config: ProxyConfig = CONFIG,
+    node: NodeInfo = NODE,
+) -> RenderedPort:
+    """`render`, the port keeping KUBE-SVC/SVL/EXT chains of its own, as one
+    with ClientIP affinity or more than DISPATCH_MAX endpoints does (ruleset
+    v8 shares every other port's choosers): the own-chain renderer, shown
+    with a few endpoints."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shared_dispatch, "DISPATCH_MAX", 0)
+        return render(port, endpoints, config=config, node=node)
 
 
 def render(

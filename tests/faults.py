@@ -134,11 +134,15 @@ _HAIRPIN = tuple(skeleton.hairpin_set(g) for g in skeleton.GENERATIONS)
 
 def in_generation(listed: str, generation: str) -> str:
     """A listing's JSON text (of `kernel.canonical` tables) with its
-    endpoints maps and shared choosers (rules/dispatch.py) renamed to
+    endpoints maps, shared choosers and eTP=Local chains and maps
+    (rules/dispatch.py) renamed to
     `generation`'s, and its hairpin elements in
     that generation's hairpin set (the others empty)."""
-    pattern = r"((?:endpoints|dispatch|dispatch-nodeport)-(?:tcp|udp|sctp)-)[a-z]\b"
-    renamed = re.sub(pattern, rf"\g<1>{generation}", listed)
+    choosers = r"((?:endpoints|dispatch(?:-nodeport)?(?:-local)?)-(?:tcp|udp|sctp)-)[a-z]\b"
+    renamed = re.sub(choosers, rf"\g<1>{generation}", listed)
+    # eTP=Local external destinations' chains and maps (ruleset v8)
+    external = r"\b((?:external|nodeport)-(?:local|(?:cluster|local)-choosers)-)[a-z]\b"
+    renamed = re.sub(external, rf"\g<1>{generation}", renamed)
     return json.dumps(_hairpin_in(json.loads(renamed), generation), sort_keys=True)
 
 

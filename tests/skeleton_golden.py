@@ -79,10 +79,15 @@ def hairpin_rules(ip: str, bit: int) -> list[tuple[list[Any], str]]:
 
 PROTOCOLS = ("tcp", "udp", "sctp")
 COUNTS = range(1, 65)
-"""The shared choosers: one per kind (VIP, node port), protocol and endpoint
-count 1..64."""
+"""The shared choosers: one per kind (VIP, node port; of cluster or of local
+endpoints), protocol and endpoint count 1..64; and the two chains of
+eTP=Local external destinations (ruleset v8)."""
+CHOOSER_KINDS = ("", "nodeport-", "local-", "nodeport-local-")
 DISPATCH_CHAINS = {
-    f"dispatch-{kind}{p}-a-{n}" for kind in ("", "nodeport-") for p in PROTOCOLS for n in COUNTS}
+    *(f"dispatch-{kind}{p}-a-{n}" for kind in CHOOSER_KINDS for p in PROTOCOLS for n in COUNTS),
+    "external-local-a",
+    "nodeport-local-a",
+}
 
 
 def _dnat_pick(ip: str, protocol: str, key: list[Any], map_name: str) -> list[Any]:
@@ -91,23 +96,40 @@ def _dnat_pick(ip: str, protocol: str, key: list[Any], map_name: str) -> list[An
             {"dnat": {"family": ip, "addr": lookup}}]
 
 
-def shared_chooser(ip: str, protocol: str, n: int) -> tuple[list[Any], str]:
+def shared_chooser(ip: str, protocol: str, n: int, local: str = "") -> tuple[list[Any], str]:
     """dispatch-<protocol>-a-<n>'s DNAT: ip daddr . P dport . numgen random
     mod n in the protocol's vip-endpoints map (no masquerade rule before
-    it: the default config has no local-traffic detector)."""
+    it: the default config has no local-traffic detector); with `local`
+    ("local-"), dispatch-local-<protocol>-a-<n>'s, in vip-local-endpoints."""
     key = [daddr(ip), {"payload": {"protocol": protocol, "field": "dport"}},
            {"numgen": {"mode": "random", "mod": n}}]
-    return _dnat_pick(ip, protocol, key, f"vip-endpoints-{protocol}-a"), f"VIP -> {n} endpoints"
+    which = "local endpoints" if local else "endpoints"
+    return (_dnat_pick(ip, protocol, key, f"vip-{local}endpoints-{protocol}-a"),
+            f"VIP -> {n} {which}")
 
 
-def nodeport_chooser(ip: str, protocol: str, n: int) -> tuple[list[Any], str]:
+def nodeport_chooser(ip: str, protocol: str, n: int, local: str = "") -> tuple[list[Any], str]:
     """dispatch-nodeport-<protocol>-a-<n>'s one rule, a DNAT by P dport .
     numgen random mod n in the protocol's nodeport-endpoints map (no
-    masquerade rule: KUBE-NODEPORTS marks the node port)."""
+    masquerade rule: KUBE-NODEPORTS marks the node port); with `local`, of
+    dispatch-nodeport-local-<protocol>-a-<n>, in nodeport-local-endpoints."""
     key = [{"payload": {"protocol": protocol, "field": "dport"}},
            {"numgen": {"mode": "random", "mod": n}}]
-    return (_dnat_pick(ip, protocol, key, f"nodeport-endpoints-{protocol}-a"),
-            f"node port -> {n} endpoints")
+    which = "local endpoints" if local else "endpoints"
+    return (_dnat_pick(ip, protocol, key, f"nodeport-{local}endpoints-{protocol}-a"),
+            f"node port -> {n} {which}")
+
+
+def external_local(key: Any, where: str) -> list[tuple[list[Any], str]]:
+    """external-local-a / nodeport-local-a (eTP=Local external destinations;
+    no pod rule: the default config has no local-traffic detector)."""
+    local_src = {"match": {"op": "==", "left": {"fib": {"result": "type", "flags": ["saddr"]}},
+                           "right": "local"}}
+    return [
+        ([local_src, jump("KUBE-MARK-MASQ")], "masquerade LOCAL traffic"),
+        ([local_src, vmap(key, f"{where}-cluster-choosers-a")], "LOCAL traffic: Cluster policy"),
+        ([vmap(key, f"{where}-local-choosers-a")], "other traffic: local endpoints"),
+    ]
 
 
 # --- the golden IPv4 skeleton (default config) --------------------------------
@@ -208,6 +230,12 @@ GOLDEN_V4: dict[str, Rules] = {
     **{f"dispatch-{p}-a-{n}": [shared_chooser("ip", p, n)] for p in PROTOCOLS for n in COUNTS},
     **{f"dispatch-nodeport-{p}-a-{n}": [nodeport_chooser("ip", p, n)]
        for p in PROTOCOLS for n in COUNTS},
+    **{f"dispatch-local-{p}-a-{n}": [shared_chooser("ip", p, n, "local-")]
+       for p in PROTOCOLS for n in COUNTS},
+    **{f"dispatch-nodeport-local-{p}-a-{n}": [nodeport_chooser("ip", p, n, "local-")]
+       for p in PROTOCOLS for n in COUNTS},
+    "external-local-a": external_local(addr_proto_port("ip"), "external"),
+    "nodeport-local-a": external_local(PROTO_PORT, "nodeport"),
 }
 
 
@@ -237,4 +265,11 @@ GOLDEN_SETS_V4 = [
     _set("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic"),
     _set("set", "service-cidrs", "ipv4_addr", "service CIDRs (ServiceCIDR objects)",
          flags=["interval"]),
+    *(
+        _set("map", f"{where}-{which}-choosers-a", key,
+             f"eTP=Local {text}: its chooser of {which} endpoints", map="verdict")
+        for where, key, text in (("external", THREE, "external IP / LB IP"),
+                                 ("nodeport", TWO, "node port"))
+        for which in ("cluster", "local")
+    ),
 ]

@@ -65,11 +65,14 @@ def test_sync_dry_run_prints_the_sample_clusters_model(
     texts = [c["nft-text"] for c in lines if "nft-text" in c]  # first: 1.0.6 declares in text
     assert lines[: len(texts)] == [{"nft-text": t} for t in texts]
     # per family the 3 x 32 endpoints map shards, the 3 vip-endpoints and 3
-    # nodeport-endpoints maps (one per protocol) and the affinity set
-    assert len(texts) == 2 * (96 + 3 + 3 + 1)
+    # nodeport-endpoints maps (one per protocol), their local ones (eTP=Local
+    # destinations) and the affinity set
+    assert len(texts) == 2 * (96 + 2 * (3 + 3) + 1)
     assert sum(" endpoints-" in t for t in texts) == 2 * 96
     assert sum(" vip-endpoints-" in t for t in texts) == 2 * 3
     assert sum(" nodeport-endpoints-" in t for t in texts) == 2 * 3
+    assert sum(" vip-local-endpoints-" in t for t in texts) == 2 * 3
+    assert sum(" nodeport-local-endpoints-" in t for t in texts) == 2 * 3
     commands = lines[len(texts):]
     assert commands[0] == {"add": {"table": {"family": "ip", "name": "nftproxy"}}}
     assert {"add": {"table": {"family": "ip6", "name": "nftproxy"}}} in commands

@@ -104,8 +104,14 @@ def test_ports_sharing_a_chooser_and_a_node_port_service_each_show_their_own() -
     assert web["chooser"] == mine["chooser"] == "dispatch-tcp-a-3"
     assert _endpoints(web) == _expected(WEB, EPS["ip"], 0.3333)
     assert _endpoints(mine) == _expected(other, other_ips, 0.3333)
-    np = views["ns/np:http"]
-    assert np["chooser"] == "" and np["node_port"] == 30080 and np["dispatched"] == []
+    np = views["ns/np:http"]  # eTP=Local: the external-local chains and choosers (v8)
+    assert np["chooser"] == "dispatch-tcp-a-3" and np["node_port"] == 30080
+    assert [(d["port"], d["chooser"], d["identity"]) for d in np["dispatched"]] == [
+        (80, "dispatch-tcp-a-3", names.service_chain(NP)),
+        (30080, "dispatch-nodeport-tcp-a-3", names.service_chain(NP)),
+        (30080, "dispatch-nodeport-local-tcp-a-2", names.local_chain(NP)),
+        (30080, "nodeport-local-a", names.external_chain(NP)),
+    ]
     assert np["chains"] == [names.service_chain(NP), names.local_chain(NP),
                             names.external_chain(NP)]
     assert np["policies"] == {"externalTrafficPolicy": "Local"}
@@ -181,11 +187,12 @@ def test_a_node_port_without_its_elements_shows_no_endpoints() -> None:
     assert text[at + 1] == "        no endpoints"
 
 
-def test_a_port_keeping_its_chains_beside_a_shared_external_one() -> None:
+def test_an_etp_local_port_beside_a_shared_etp_cluster_one() -> None:
     views = _services(listings([*shared_lb(), *cluster(node_port=True, etp="Local")])["ip"], "ip")
     np, lb = views["ns/np:http"], views["ns/lb:http"]
-    assert (np["chooser"], np["dispatched"], np["policies"]) == (
-        "", [], {"externalTrafficPolicy": "Local"})
+    assert (np["chooser"], np["policies"]) == (
+        "dispatch-tcp-a-3", {"externalTrafficPolicy": "Local"})
+    assert "dispatch-nodeport-local-tcp-a-2" in {d["chooser"] for d in np["dispatched"]}
     assert _endpoints(np, "local_endpoints") == _expected(NP, EPS["ip"][:2], 0.5)
     assert (lb["chooser"], lb["policies"]) == (
         "dispatch-tcp-a-3", {"externalTrafficPolicy": "Cluster"})

@@ -295,10 +295,10 @@ def test_c_a_foreign_jump_into_a_doomed_chain_is_refused_then_repaired(
     keep, doomed = topo.pods["local1"], topo.pods["local2"]
     path = tmp_path / "cluster.yaml"
     objects = [the_node(), *web("keep", ["10.96.0.20"], [keep])]
-    # an eTP=Local node port: the Service has chains of its own (others go
+    # ClientIP affinity: the Service has chains of its own (others go
     # through the shared choosers, rules/dispatch.py)
     doomed_svc = web("doomed", ["10.96.0.21"], [doomed], type="NodePort", node_ports=[30081],
-                     etp="Local")
+                     affinity_timeout=600)
     write_cluster(path, [*objects, *doomed_svc])
     failures = Failures(lambda: (tables(node_ns), answered(topo, "10.96.0.21")))
     commits: list[float] = []

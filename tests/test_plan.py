@@ -325,9 +325,11 @@ EP1, EP2, EP3 = (endpoint(f"10.180.0.{i}") for i in (1, 2, 3))
 
 
 NODEPORT = replace(SVC1, node_port=30001, external_traffic_policy=TrafficPolicy.LOCAL)
-"""SVC1 with an eTP=Local node port: it keeps its KUBE-SVC and KUBE-EXT
-chains; SVC1 (cluster IP only) has none, nor has a node port of eTP=Cluster:
-they go through shared choosers (rules/dispatch.py)."""
+"""SVC1 with an eTP=Local node port: since ruleset v8 it goes through the
+shared nodeport-local chain and choosers, as SVC1 (cluster IP only) and a
+node port of eTP=Cluster go through shared choosers (rules/dispatch.py)."""
+CHAINED = replace(NODEPORT, session_affinity=SessionAffinity.CLIENT_IP)
+"""NODEPORT with ClientIP affinity: it keeps its KUBE-SVC and KUBE-EXT chains."""
 
 
 SHARED_NODEPORT = replace(SVC1, node_port=30001)
@@ -366,7 +368,7 @@ def commands_of(commands: Sequence[Json], verb: str, kind: str) -> list[str]:
 
 def test_a_new_chain_is_added_before_the_element_that_targets_it() -> None:
     state, kernel = table(0)
-    commands = partial(state, kernel, {SVC1.name: frag(NODEPORT, [EP1])})
+    commands = partial(state, kernel, {SVC1.name: frag(CHAINED, [EP1])})
     ops = _ops(commands)
     svc_chain = names.external_chain(SVC1.name)
     add_chain = ops.index(next(o for o in ops if o[:3] == ("add", "chain", svc_chain)))
@@ -395,7 +397,7 @@ def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
 
 
 def test_a_removed_chain_is_flushed_then_deleted() -> None:
-    state, kernel = table(0, svc1=frag(NODEPORT, [EP1, EP2]))
+    state, kernel = table(0, svc1=frag(CHAINED, [EP1, EP2]))
     commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])})
     gone = {names.external_chain(SVC1.name), names.service_chain(SVC1.name)}
     assert all(commands_of(commands, "flush", "chain").count(c) == 1 for c in gone)
@@ -405,7 +407,7 @@ def test_a_removed_chain_is_flushed_then_deleted() -> None:
 
 
 def test_deferred_deletes_leave_the_chain_flushed_until_gc() -> None:
-    state, kernel = table(0, svc1=frag(NODEPORT, [EP1, EP2]))
+    state, kernel = table(0, svc1=frag(CHAINED, [EP1, EP2]))
     gone = {names.external_chain(SVC1.name), names.service_chain(SVC1.name)}
     commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
     assert gone <= set(commands_of(commands, "flush", "chain"))
@@ -419,10 +421,10 @@ def test_deferred_deletes_leave_the_chain_flushed_until_gc() -> None:
 
 
 def test_a_stale_chain_that_comes_back_before_gc_is_rewritten_and_kept() -> None:
-    state, kernel = table(0, svc1=frag(NODEPORT, [EP1, EP2]))
+    state, kernel = table(0, svc1=frag(CHAINED, [EP1, EP2]))
     back = names.external_chain(SVC1.name)
     partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
-    commands = partial(state, kernel, {SVC1.name: frag(NODEPORT, [EP1, EP2])}, defer=True)
+    commands = partial(state, kernel, {SVC1.name: frag(CHAINED, [EP1, EP2])}, defer=True)
     assert back in commands_of(commands, "add", "chain")
     assert state.stale_chains == set()
     assert stage_gc(state).commands == []
@@ -617,18 +619,24 @@ SIZES = [
     pytest.param(frag(SHARED_NODEPORT, [EP1]), frag(SHARED_NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change a NodePort service's endpoint"),
     # vip-endpoints, nodeport-endpoints, hairpin
-    # An eTP=Local NodePort service keeps chains of its own
-    pytest.param(None, frag(NODEPORT, [EP1]), {AC: 2, AR: 5, AE: 6},
+    # An eTP=Local NodePort service goes through the shared nodeport-local
+    # chain (ruleset v8): elements only too
+    pytest.param(None, frag(NODEPORT, [EP1]), {AE: 8},
                  id="add an eTP=Local NodePort service with one endpoint"),
-    # chains SVC (masquerade + the endpoints-map pick) and EXT (local sources
-    # masqueraded and sent to SVC); cluster-ips, service-ips, service-nodeports,
-    # no-endpoint-nodeports (no local endpoint: drop), hairpin, endpoints-tcp-a-<k>
-    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP2]), {DE: 2, AE: 2},
+    # cluster-ips, service-ips, vip-endpoints, service-nodeports (goto
+    # nodeport-local-a), nodeport-cluster-choosers, nodeport-endpoints,
+    # no-endpoint-nodeports (no local endpoint: drop), hairpin
+    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change an eTP=Local NodePort service's endpoint"),
-    # elements only: hairpin, endpoints-tcp-a-<k> (F1, F2, 0) -> EP2
-    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP1, EP2]), {FC: 1, AC: 1, AR: 2, AE: 2},
+    # vip-endpoints, nodeport-endpoints, hairpin
+    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP1, EP2]), {DE: 2, AE: 5},
                  id="add a second endpoint to an eTP=Local NodePort service"),
-    # SVC rewritten (its pick goes mod 2); hairpin EP2 . EP2, endpoints (F1, F2, 1)
+    # service-ips and nodeport-cluster-choosers go to the choosers of 2;
+    # vip-endpoints, nodeport-endpoints, hairpin
+    # A ClientIP affinity NodePort service keeps chains of its own
+    pytest.param(frag(CHAINED, [EP1]), frag(CHAINED, [EP2]), {FC: 1, AC: 1, AR: 3, DE: 1, AE: 1},
+                 id="change a ClientIP affinity service's endpoint"),
+    # KUBE-SVC rewritten (its affinity lookups and cascade DNAT inline); hairpin
 ]
 
 
@@ -732,7 +740,7 @@ def test_full_sync_removes_what_is_not_desired_and_recreates_a_rehooked_base_cha
 
 
 def test_full_sync_with_deferred_deletes_leaves_leftovers_for_gc() -> None:
-    state, kernel = table(1, svc1=frag(NODEPORT, [EP1]))
+    state, kernel = table(1, svc1=frag(CHAINED, [EP1]))
     desired = {o: f for o, f in state.rendered.items() if o != SVC1.name}
     full_sync(state, kernel, desired, defer=True)
     assert state.stale_chains == {names.service_chain(SVC1.name),

@@ -20,9 +20,9 @@ from dataclasses import replace
 from builders import chain_of, endpoint, service_port
 from test_plan import (
     AFFINITY,
+    CHAINED,
     EP1,
     EP2,
-    NODEPORT,
     SKEL,
     SVC1,
     _ops,
@@ -55,7 +55,7 @@ def test_a_chain_is_recorded_as_a_digest_its_size_and_the_sets_it_uses() -> None
 
 
 def test_a_rule_that_differs_only_in_its_comment_rewrites_the_chain() -> None:
-    rendered = frag(NODEPORT, [EP1, EP2])
+    rendered = frag(CHAINED, [EP1, EP2])
     state, kernel = table(0, svc1=rendered)
     svc = names.service_chain(SVC1.name)
     chain = chain_of(rendered, svc)

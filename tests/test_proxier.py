@@ -214,9 +214,10 @@ def test_ebusy_defers_chain_deletes_to_a_later_transaction(clock: Clock) -> None
     with started(OldKernel()) as backend:
         assert isinstance(backend, OldKernel)
         proxier = Proxier(CONFIG, backend, clock=clock)
-        # eTP=Local: its KUBE-SVC and KUBE-EXT chains (rules/dispatch.py: an
-        # eTP=Cluster port goes through shared choosers, no chain of its own)
-        web = service("web", "10.96.0.10", type="NodePort", node_ports=[30080], etp="Local")
+        # ClientIP affinity: its KUBE-SVC and KUBE-EXT chains (rules/dispatch.py:
+        # a port without affinity goes through shared choosers, no chain of its own)
+        web = service("web", "10.96.0.10", type="NodePort", node_ports=[30080],
+                      affinity_timeout=600)
         events = listed(proxier, web, WEB_EPS, DNS, DNS_EPS)
         proxier.sync()
         events.on_service(web, None)  # its chains go

@@ -190,8 +190,12 @@ def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> 
     stepped = {body["element"]["name"] for step in commits.sent[:-1] for c in step
                for body in c.values() if "element" in body}
     # ... and of the new hairpin set
-    shared = {"hairpin-endpoints-b", "vip-endpoints-tcp-b", "nodeport-endpoints-tcp-b"}
-    assert shared - {"nodeport-endpoints-tcp-b"} <= stepped
+    shared = {"hairpin-endpoints-b", "vip-endpoints-tcp-b", "nodeport-endpoints-tcp-b",
+              # eTP=Local external destinations' choosers (ruleset v8)
+              "vip-local-endpoints-tcp-b", "nodeport-local-endpoints-tcp-b",
+              "external-cluster-choosers-b", "external-local-choosers-b",
+              "nodeport-cluster-choosers-b", "nodeport-local-choosers-b"}
+    assert {"hairpin-endpoints-b", "vip-endpoints-tcp-b"} <= stepped
     assert all(n.startswith("endpoints-tcp-b-") for n in stepped - shared)
     assert not any("element" in body and body["element"]["name"].startswith(
         ("endpoints-", "hairpin-", "vip-", "nodeport-")) for c in final for body in c.values())

@@ -1,15 +1,16 @@
-"""Ruleset v7's shared choosers at the cluster IP (nftproxy.core.rules.dispatch,
+"""Ruleset v7/v8's shared choosers at the cluster IP (nftproxy.core.rules.dispatch,
 service.py, skeleton.py).
 
-A service port without ClientIP affinity, without an eTP=Local external
-destination, whose internal chooser (KUBE-SVC for iTP=Cluster, KUBE-SVL for
-iTP=Local) has 1..64 endpoints (and so do its external destinations), has
-no chain of its own (`PortPlan.shared`): its cluster IP's service-ips
-element goes to the skeleton's `dispatch-<proto>-<g>-<N>`, which masquerades
-as kube-proxy's chooser does (per local-traffic detector) and DNATs by (VIP,
-port, i), i uniform over 0..N-1, in `vip-endpoints-<proto>-<g>`, whose N
-elements the port owns. Aspects (cluster IP side; the external destinations,
-node port choosers and masquerade sets are test_rules_dispatch_external.py's):
+A service port without ClientIP affinity, whose internal chooser (KUBE-SVC
+for iTP=Cluster, KUBE-SVL for iTP=Local) has 1..64 endpoints (and so do
+its external destinations), has no chain of its own (`PortPlan.shared`):
+its cluster IP's service-ips element goes to the skeleton's
+`dispatch-<proto>-<g>-<N>`, which masquerades as kube-proxy's chooser does
+(per local-traffic detector) and DNATs by (VIP, port, i), i uniform over
+0..N-1, in `vip-endpoints-<proto>-<g>`, whose N elements the port owns.
+Aspects (cluster IP side; the external destinations, node port choosers and
+masquerade sets are test_rules_dispatch_external.py's, eTP=Local's
+test_rules_dispatch_local.py's):
 - which cluster-IP-only ports are dispatched (`PortPlan.shared_chooser`),
   which keep chains;
 - the port's elements: service-ips (comment tagged KUBE-SVC-<h>/KUBE-SVL-<h>),
@@ -33,7 +34,6 @@ from builders import (
     AFFINITY,
     CIP,
     CONFIG,
-    EIP,
     EP1,
     EP2,
     EP3,
@@ -90,6 +90,12 @@ def elements_in(fragment: Fragment, set_name: str) -> list[Element]:
     return [e for e in fragment.elements if e.set_name == set_name]
 
 
+def is_cluster_vip_chooser(chain: str) -> bool:
+    """dispatch-tcp-a-3, not dispatch-nodeport-... nor dispatch-local-..."""
+    return chain.startswith("dispatch-") and not chain.startswith(
+        ("dispatch-nodeport-", "dispatch-local-"))
+
+
 def service_ips_target(fragment: Fragment) -> str:
     """Where the port's one service-ips element (its cluster IP's) goes."""
     (element,) = elements_in(fragment, "service-ips")
@@ -139,12 +145,13 @@ def test_a_cluster_ip_only_port_without_affinity_uses_a_shared_chooser(
 OWN_CHAINS = [
     pytest.param(SVC1, (), set(), id="no endpoints: rejected, no chooser at all"),
     pytest.param(ITP_LOCAL, REMOTE, set(), id="iTP=Local without a local endpoint: dropped"),
-    pytest.param(ETP_LOCAL_NODEPORT, REMOTE, {"SVC", "EXT"}, id="eTP=Local node port"),
-    pytest.param(service_port(external_ips=(EIP,), external_traffic_policy=LOCAL), REMOTE,
-                 {"SVC", "EXT"}, id="eTP=Local external IP"),
+    pytest.param(ETP_LOCAL_NODEPORT, many(65), {"SVC", "EXT"},
+                 id="eTP=Local node port with 65 endpoints"),
     pytest.param(service_port(load_balancer_ingress=(LoadBalancerIngress(LB),),
-                              external_traffic_policy=LOCAL), LOCAL_AND_REMOTE,
-                 {"SVC", "SVL", "EXT"}, id="eTP=Local LB VIP"),
+                              external_traffic_policy=LOCAL), many(65, local=True),
+                 {"SVC", "SVL", "EXT"}, id="eTP=Local LB VIP with 65 local endpoints"),
+    pytest.param(replace(ETP_LOCAL_NODEPORT, session_affinity=SessionAffinity.CLIENT_IP),
+                 LOCAL_AND_REMOTE, {"SVC", "SVL", "EXT"}, id="eTP=Local with ClientIP affinity"),
     pytest.param(AFFINITY, REMOTE, {"SVC"}, id="ClientIP affinity"),
     pytest.param(replace(ITP_LOCAL, session_affinity=SessionAffinity.CLIENT_IP),
                  LOCAL_AND_REMOTE, {"SVL"}, id="iTP=Local with ClientIP affinity"),
@@ -291,8 +298,7 @@ def test_the_skeleton_holds_3_protocols_x_64_shared_choosers_of_its_generation(
     generation: str, family: IPFamily, ip: str
 ) -> None:
     skeleton = render_skeleton(family, CONFIG, NODE, generation=generation)
-    dispatch = [c for c in skeleton.chains
-                if c.name.startswith("dispatch-") and not c.name.startswith("dispatch-nodeport-")]
+    dispatch = [c for c in skeleton.chains if is_cluster_vip_chooser(c.name)]
     assert [c.name for c in dispatch] == [
         f"dispatch-{p}-{generation}-{n}" for p in PROTOCOLS for n in range(1, 65)]
     assert all(c.hook is None for c in dispatch)
@@ -317,14 +323,14 @@ def _masquerade_rules(
     return {
         tuple(f"{text(r)} # {r.comment}" for r in c.rules[:-1])
         for c in skeleton.chains
-        if c.name.startswith("dispatch-") and not c.name.startswith("dispatch-nodeport-")
+        if is_cluster_vip_chooser(c.name)
     }
 
 
 def _own_masquerade_rule(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> list[str]:
-    """The masquerade rule an eTP=Local node port's own KUBE-SVC starts with,
-    minus its cluster IP match (the shared chooser has none)."""
-    port = service_port(family=family, node_port=3001, external_traffic_policy=LOCAL)
+    """The masquerade rule a port's own KUBE-SVC (ClientIP affinity) starts
+    with, minus its cluster IP match (the shared chooser has none)."""
+    port = service_port(family=family, session_affinity=SessionAffinity.CLIENT_IP)
     ctx = context(family, config, node)
     ep = endpoint("10.180.0.1" if family is V4 else "fd00:10:180::1")
     fragment = render_service_port(port, (ep,), ctx).fragment
@@ -363,8 +369,9 @@ NO_CIDR = replace(CONFIG, cluster_cidrs=())
 def test_every_shared_chooser_masquerades_as_the_detector_says(
     family: IPFamily, config: ProxyConfig, node: NodeInfo, masq: str | None
 ) -> None:
-    """The same kube-proxy rule as a port's own chooser has."""
-    expected = () if masq is None else (f"{masq} # cluster IP",)
+    """The same kube-proxy rule as a port's own chooser has, for any cluster IP."""
+    cluster_ips = f"{family.nft_family} daddr @cluster-ips"
+    expected = () if masq is None else (f"{cluster_ips} {masq} # cluster IP",)
     assert _masquerade_rules(family, config, node) == {expected}
     assert _own_masquerade_rule(family, config, node) == ([] if masq is None else [masq])
 
@@ -403,7 +410,7 @@ def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
     for g in GENERATIONS:
         skeleton = render_skeleton(V4, CONFIG, NODE, generation=g)
         in_generations = [c.name for c in skeleton.chains if sk.chain_generation(c.name)]
-        assert len(in_generations) == 2 * 3 * 64
+        assert len(in_generations) == 4 * 3 * 64 + 2  # + external-local, nodeport-local
         assert {sk.chain_generation(c) for c in in_generations} == {g}
         for p in PROTOCOLS:
             name = f"vip-endpoints-{p}-{g}"

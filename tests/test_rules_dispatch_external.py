@@ -134,13 +134,15 @@ def test_an_etp_cluster_external_port_is_shared_and_has_no_chain(port: ServicePo
 
 
 KEEPS_CHAINS = [
-    pytest.param(replace(ALL_EXTERNAL, external_traffic_policy=LOCAL), (endpoint(EP1),),
-                 {"SVC", "EXT"}, id="eTP=Local without a local endpoint"),
+    pytest.param(replace(ALL_EXTERNAL, external_traffic_policy=LOCAL), many(65),
+                 {"SVC", "EXT"}, id="eTP=Local with 65 endpoints, none local"),
     pytest.param(replace(ALL_EXTERNAL, external_traffic_policy=LOCAL),
-                 (endpoint(EP1, local=True), endpoint(EP2)), {"SVC", "SVL", "EXT"},
-                 id="eTP=Local with a local endpoint"),
-    pytest.param(service_port(node_port=3001, external_traffic_policy=LOCAL),
-                 (endpoint(EP1, local=True),), {"SVC", "SVL", "EXT"}, id="eTP=Local node port"),
+                 (*many(65, local=True), endpoint(EP2)), {"SVC", "SVL", "EXT"},
+                 id="eTP=Local with 65 local endpoints"),
+    pytest.param(service_port(node_port=3001, external_traffic_policy=LOCAL,
+                              session_affinity=SessionAffinity.CLIENT_IP),
+                 (endpoint(EP1, local=True),), {"SVC", "SVL", "EXT"},
+                 id="eTP=Local node port with ClientIP affinity"),
     pytest.param(replace(ALL_EXTERNAL, session_affinity=SessionAffinity.CLIENT_IP),
                  (endpoint(EP1),), {"SVC", "EXT"}, id="ClientIP affinity"),
     pytest.param(ALL_EXTERNAL, many(65), {"SVC", "EXT"}, id="65 endpoints"),
@@ -151,7 +153,7 @@ KEEPS_CHAINS = [
 
 
 @pytest.mark.parametrize(("port", "endpoints", "chains"), KEEPS_CHAINS)
-def test_external_ports_keep_chains_with_etp_local_affinity_or_over_64_endpoints(
+def test_external_ports_keep_chains_with_affinity_or_over_64_endpoints(
     port: ServicePort, endpoints: tuple[Endpoint, ...], chains: set[str]
 ) -> None:
     plan = plan_port(port, endpoints, context())
@@ -382,7 +384,8 @@ def test_the_skeleton_holds_3_protocols_x_64_node_port_choosers_of_one_dnat_rule
     """No masquerade rule, whatever the detector: KUBE-NODEPORTS marked the
     packet from masquerade-nodeports before the goto."""
     skeleton = render_skeleton(family, config, NODE, generation=generation)
-    choosers = [c for c in skeleton.chains if c.name.startswith("dispatch-nodeport-")]
+    choosers = [c for c in skeleton.chains if c.name.startswith("dispatch-nodeport-")
+                and not c.name.startswith("dispatch-nodeport-local-")]
     assert [c.name for c in choosers] == [
         f"dispatch-nodeport-{p}-{generation}-{n}" for p in PROTOCOLS for n in range(1, 65)]
     for chain in choosers:
@@ -440,28 +443,29 @@ def _bench_state() -> tuple[ProxyState, Any, ProxyConfig]:
     return state, node, config
 
 
-def test_the_bench_mix_of_10000_services_keeps_chains_only_for_affinity_and_etp_local() -> None:
+def test_the_bench_mix_of_10000_services_keeps_chains_only_for_affinity() -> None:
     """Per 20 services of the mix: 12 ClusterIP, 2 NodePort and 2
-    LoadBalancer (one with source ranges) with eTP=Cluster, and the iTP=Local
-    ClusterIP share; the ClientIP affinity one and the 2 eTP=Local ones keep
-    chains (3 in 20: 1,500 ports)."""
+    LoadBalancer (one with source ranges) with eTP=Cluster, the iTP=Local
+    ClusterIP and the 2 eTP=Local ones share; the ClientIP affinity one
+    keeps chains (1 in 20: 500 ports)."""
     state, node, config = _bench_state()
     rendered = render_full(state.snapshot(), config, node, ("10.96.0.0/12",))
     fragments = rendered.desired()
     skeleton = fragments.pop(SKELETON)
     assert len(fragments) == 10_000
     own = {owner for owner, f in fragments.items() if f.chains}
-    assert len(own) == 1_500
+    assert len(own) == 500
     services = state.snapshot().services
     for owner in own:
         assert isinstance(owner, ServicePortName)
-        port = services[owner]
-        assert port.affinity or (port.external_policy_local and port.externally_accessible)
+        assert services[owner].affinity
     shared = [f for f in fragments.values() if not f.chains]
     targets = {e.value.target for f in shared for e in f.elements
                if isinstance(e.value, Verdict) and e.value.kind == "goto"}
     assert targets <= skeleton.chain_names()
-    assert {t.rsplit("-", 1)[0] for t in targets} == {"dispatch-tcp-a", "dispatch-nodeport-tcp-a"}
+    assert {t.rsplit("-", 1)[0] for t in targets} == {
+        "dispatch-tcp-a", "dispatch-nodeport-tcp-a", "dispatch-local-tcp-a",
+        "dispatch-nodeport-local-tcp-a", "external-local", "nodeport-local"}
     marked = sum(e.set_name == "masquerade-nodeports" for f in shared for e in f.elements)
     assert marked == 4 * 500  # 2 NodePort + 2 LoadBalancer per 20
     assert sum(e.set_name == "masquerade-vips" for f in shared for e in f.elements) == 2 * 500

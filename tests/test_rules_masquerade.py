@@ -36,6 +36,7 @@ from builders import (
     nodeport_dnat,
     picks,
     render,
+    render_own,
     rules_of,
     service_port,
     shared_dnat,
@@ -56,12 +57,15 @@ from nftproxy.core.rules.skeleton import render_skeleton
 
 # --- masquerade ------------------------------------------------------------------
 # In two places (v7): the KUBE-SVC/SVL of a port with its own chooser (an
-# eTP=Local node port here), and the skeleton's shared chooser a shared
-# port's cluster IP goes to.
+# eTP=Local node port here, rendered keeping its chains: `render_own`), and
+# the skeleton's shared chooser a shared port's cluster IP goes to.
 
 CIP_MATCH = f"ip daddr {CIP} tcp dport 80 "
-"""What the own chooser's rule matches before the source; the shared chooser
-needs no such match: only its cluster IP's service-ips element goes there."""
+"""What the own chooser's rule matches before the source."""
+CLUSTER_IPS = "ip daddr @cluster-ips "
+"""What the shared chooser's matches instead: a cluster IP (an eTP=Local
+external destination's pod traffic reaches the chooser too, unmarked, as
+kube-proxy's KUBE-SVC rule leaves it)."""
 
 
 def shared_chooser_rules(
@@ -121,10 +125,10 @@ def shared_chooser_rules(
 def test_cluster_ip_masquerade_rule_comes_first_in_kube_svc(
     config: ProxyConfig, masq_rule: str
 ) -> None:
-    fragment = render(ETP_LOCAL_NODEPORT, REMOTE, config=config).fragment
+    fragment = render_own(ETP_LOCAL_NODEPORT, REMOTE, config=config).fragment
     assert rules_of(fragment, SVC) == [masq_rule, picks(EP1)]
     assert shared_chooser_rules(SVC1, config=config) == [
-        masq_rule.removeprefix(CIP_MATCH), shared_dnat(1)]
+        CLUSTER_IPS + masq_rule.removeprefix(CIP_MATCH), shared_dnat(1)]
 
 
 @pytest.mark.parametrize(
@@ -139,38 +143,38 @@ def test_cluster_ip_masquerade_rule_comes_first_in_kube_svc(
 )
 def test_without_a_detector_cluster_ip_traffic_is_never_masqueraded(config: ProxyConfig) -> None:
     assert context(config=config).detector is None
-    fragment = render(ETP_LOCAL_NODEPORT, REMOTE, config=config).fragment
+    fragment = render_own(ETP_LOCAL_NODEPORT, REMOTE, config=config).fragment
     assert rules_of(fragment, SVC) == [picks(EP1)]
     assert shared_chooser_rules(SVC1, config=config) == [shared_dnat(1)]
 
 
 def test_without_a_detector_masquerade_all_still_masquerades() -> None:
     config = replace(CONFIG, cluster_cidrs=(), masquerade_all=True)
-    fragment = render(ETP_LOCAL_NODEPORT, REMOTE, config=config).fragment
+    fragment = render_own(ETP_LOCAL_NODEPORT, REMOTE, config=config).fragment
     assert rules_of(fragment, SVC)[0] == f"ip daddr {CIP} tcp dport 80 {MASQ}"
-    assert shared_chooser_rules(SVC1, config=config) == [MASQ, shared_dnat(1)]
+    assert shared_chooser_rules(SVC1, config=config) == [CLUSTER_IPS + MASQ, shared_dnat(1)]
 
 
 def test_node_cidr_detector_without_pod_cidr_is_no_detector() -> None:
     config = replace(CONFIG, detect_local_mode=DetectLocalMode.NODE_CIDR)
     node = replace(NODE, pod_cidrs=())
-    fragment = render(ETP_LOCAL_NODEPORT, REMOTE, config=config, node=node).fragment
+    fragment = render_own(ETP_LOCAL_NODEPORT, REMOTE, config=config, node=node).fragment
     assert rules_of(fragment, SVC) == [picks(EP1)]
     assert shared_chooser_rules(SVC1, config=config, node=node) == [shared_dnat(1)]
     with_pod_cidr = shared_chooser_rules(SVC1, config=config)
-    assert with_pod_cidr == [f"ip saddr != 10.0.1.0/24 {MASQ}", shared_dnat(1)]
+    assert with_pod_cidr == [f"{CLUSTER_IPS}ip saddr != 10.0.1.0/24 {MASQ}", shared_dnat(1)]
 
 
 def test_itp_local_masquerade_rule_lives_in_kube_svl() -> None:
     port = replace(ITP_LOCAL, node_port=3001, external_traffic_policy=LOCAL)
-    fragment = render(port, LOCAL_AND_REMOTE).fragment
+    fragment = render_own(port, LOCAL_AND_REMOTE).fragment
     assert rules_of(fragment, SVL) == [
         f"ip daddr {CIP} tcp dport 80 ip saddr != 10.0.0.0/8 {MASQ}",
         picks(EP1),
     ]
     # cluster IP only: KUBE-SVL's shared chooser, of the one local endpoint
     assert shared_chooser_rules(ITP_LOCAL, LOCAL_AND_REMOTE) == [
-        f"ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1)]
+        f"{CLUSTER_IPS}ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1)]
 
 
 def test_itp_local_with_external_access_keeps_kube_svc_free_of_the_cluster_ip_rule() -> None:
@@ -184,13 +188,13 @@ def test_itp_local_with_external_access_keeps_kube_svc_free_of_the_cluster_ip_ru
     assert shared_chooser_rules(shared_port, LOCAL_AND_REMOTE, set_name="service-nodeports") == [
         nodeport_dnat(2)]
     assert shared_chooser_rules(shared_port, LOCAL_AND_REMOTE) == [
-        f"ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1)]
+        f"{CLUSTER_IPS}ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1)]
 
 
 @pytest.mark.parametrize("protocol", [L4Protocol.UDP, L4Protocol.SCTP], ids=lambda p: p.value)
 def test_masquerade_rule_matches_the_service_protocol(protocol: L4Protocol) -> None:
     port = service_port(protocol=protocol, node_port=3001, external_traffic_policy=LOCAL)
-    fragment = render(port, REMOTE).fragment
+    fragment = render_own(port, REMOTE).fragment
     rules = rules_of(fragment, names.service_chain(port.name))
     assert rules[0] == f"ip daddr {CIP} {protocol.nft} dport 80 ip saddr != 10.0.0.0/8 {MASQ}"
     assert dispatch(fragment, labels(port))["service-ips"] == {
@@ -200,4 +204,4 @@ def test_masquerade_rule_matches_the_service_protocol(protocol: L4Protocol) -> N
     assert dispatch(fragment, labels(port))["service-ips"] == {
         (CIP, protocol.nft, 80): f"goto dispatch-{protocol.nft}-a-1"}
     assert shared_chooser_rules(cluster_ip_only) == [
-        f"ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1, protocol.nft)]
+        f"{CLUSTER_IPS}ip saddr != 10.0.0.0/8 {MASQ}", shared_dnat(1, protocol.nft)]

@@ -9,11 +9,11 @@ kube-proxy's words (docs/kube-proxy-semantics.md, upstream-nftables-notes.md
   and internal traffic policy Local and terminating endpoints;
 - every private renderer has a test in one of the four modules (meta-test
   at the end).
-Since ruleset v7 a port without affinity, without an eTP=Local external
-destination and with 1..64 endpoints at each destination has no chain: its
-destinations go to the skeleton's shared choosers (rules/dispatch.py), so
-the chooser tests use an eTP=Local node port (ETP_LOCAL_NODEPORT) or
-ClientIP affinity to keep their own KUBE-SVC/SVL/EXT, and check the shared
+Since ruleset v8 a port without affinity and with 1..64 endpoints at each
+destination has no chain: its destinations go to the skeleton's shared
+choosers (rules/dispatch.py), so the chooser tests render an eTP=Local node
+port (ETP_LOCAL_NODEPORT) keeping its chains (`render_own`) or use ClientIP
+affinity to keep their own KUBE-SVC/SVL/EXT, and check the shared
 choosers' rules beside.
 test_rules_masquerade.py: masquerade decisions per local-traffic detector
 and per protocol.
@@ -113,6 +113,46 @@ def shared(*ips: str, vips: tuple[str, ...] = (), node_port: int = 0) -> Element
     if vips:
         out["masquerade-vips"] = {(v, "tcp", 80): None for v in vips}
     return {**out, **(shared_nodeport(node_port, *ips) if node_port else {})}
+
+
+def local_shared(
+    cluster: tuple[str, ...], local: tuple[str, ...], vips: tuple[str, ...], node_port: int = 0
+) -> Elements:
+    """An eTP=Local port's elements (v8, rules/dispatch.py): its cluster IP
+    as a shared port's; each external VIP's service-ips element (its node
+    port's service-nodeports element) goes to the shared external-local
+    (nodeport-local) chain; the destination's cluster chooser picks from the
+    `cluster` endpoints, its local chooser, with local endpoints, from the
+    `local` ones."""
+    nc, nl = len(cluster), len(local)
+    out: Elements = {
+        **CLUSTER_IPS,
+        "service-ips": {
+            (CIP, "tcp", 80): f"goto dispatch-tcp-a-{nc}",
+            **{(v, "tcp", 80): "goto external-local-a" for v in vips},
+        },
+        "vip-endpoints-tcp-a": {
+            (d, 80, i): f"{ip}:80" for d in (CIP, *vips) for i, ip in enumerate(cluster)},
+    }
+    if vips:
+        out["external-cluster-choosers-a"] = {
+            (v, "tcp", 80): f"goto dispatch-tcp-a-{nc}" for v in vips}
+    if vips and local:
+        out["external-local-choosers-a"] = {
+            (v, "tcp", 80): f"goto dispatch-local-tcp-a-{nl}" for v in vips}
+        out["vip-local-endpoints-tcp-a"] = {
+            (v, 80, i): f"{ip}:80" for v in vips for i, ip in enumerate(local)}
+    if node_port:
+        key = ("tcp", node_port)
+        out["service-nodeports"] = {key: "goto nodeport-local-a"}
+        out["nodeport-cluster-choosers-a"] = {key: f"goto dispatch-nodeport-tcp-a-{nc}"}
+        out["nodeport-endpoints-tcp-a"] = {
+            (node_port, i): f"{ip}:80" for i, ip in enumerate(cluster)}
+        if local:
+            out["nodeport-local-choosers-a"] = {key: f"goto dispatch-nodeport-local-tcp-a-{nl}"}
+            out["nodeport-local-endpoints-tcp-a"] = {
+                (node_port, i): f"{ip}:80" for i, ip in enumerate(local)}
+    return out
 
 
 def shared_nodeport(node_port: int, *ips: str) -> Elements:
@@ -243,8 +283,26 @@ DISPATCH_CASES = [
         frozenset(),
     ),
     Case(
-        "eTP=Local with a local endpoint sends every external destination to KUBE-EXT",
+        "eTP=Local with a local endpoint sends every external destination to external-local",
         ETP_LOCAL, LOCAL_AND_REMOTE,
+        {**local_shared((EP1, EP2), (EP1,), (EIP, LB), 3001), **hairpin(EP1, EP2)},
+        frozenset(),
+    ),
+    Case(
+        "eTP=Local without a local endpoint drops external destinations, no local chooser",
+        ETP_LOCAL, REMOTE,
+        {
+            **local_shared((EP1,), (), (EIP, LB), 3001),
+            "no-endpoint-services": {(EIP, "tcp", 80): "drop", (LB, "tcp", 80): "drop"},
+            "no-endpoint-nodeports": {("tcp", 3001): "drop"},
+            **hairpin(EP1),
+        },
+        frozenset(),
+        external_dropped=True,
+    ),
+    Case(
+        "eTP=Local with ClientIP affinity sends every external destination to KUBE-EXT",
+        replace(ETP_LOCAL, session_affinity=SessionAffinity.CLIENT_IP), LOCAL_AND_REMOTE,
         {
             **CLUSTER_IPS,
             "service-ips": {
@@ -254,22 +312,6 @@ DISPATCH_CASES = [
             **hairpin(EP1, EP2),
         },
         frozenset({"SVC", "SVL", "EXT"}),
-    ),
-    Case(
-        "eTP=Local without a local endpoint drops external destinations but keeps KUBE-EXT",
-        ETP_LOCAL, REMOTE,
-        {
-            **CLUSTER_IPS,
-            "service-ips": {
-                (CIP, "tcp", 80): "goto SVC", (EIP, "tcp", 80): "goto EXT",
-                (LB, "tcp", 80): "goto EXT"},
-            "service-nodeports": {("tcp", 3001): "goto EXT"},
-            "no-endpoint-services": {(EIP, "tcp", 80): "drop", (LB, "tcp", 80): "drop"},
-            "no-endpoint-nodeports": {("tcp", 3001): "drop"},
-            **hairpin(EP1),
-        },
-        frozenset({"SVC", "EXT"}),
-        external_dropped=True,
     ),
     Case(
         "eTP=Local with no endpoints anywhere rejects rather than drops",
@@ -345,8 +387,8 @@ DISPATCH_CASES = [
         "eTP=Local falls back to a local terminating endpoint for external traffic",
         replace(NODEPORT, external_traffic_policy=LOCAL),
         (endpoint(EP1), endpoint(EP2, local=True, ready=False, terminating=True, serving=True)),
-        {**SVC_CIP, "service-nodeports": {("tcp", 3001): "goto EXT"}, **hairpin(EP1, EP2)},
-        frozenset({"SVC", "SVL", "EXT"}),
+        {**local_shared((EP1,), (EP2,), (), 3001), **hairpin(EP1, EP2)},
+        frozenset(),
     ),
 ]
 
@@ -376,6 +418,8 @@ RENDERER_TESTS = {
     "_cluster_ip_elements": "test_dispatch",
     "_shared_vip": "test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements",
     "_shared_nodeport": "test_the_node_port_goes_to_the_shared_node_port_chooser",
+    "_local_vip": "test_an_etp_local_vip_goes_to_external_local_and_its_two_choosers",
+    "_local_nodeport": "test_an_etp_local_node_port_goes_to_nodeport_local_and_its_two_choosers",
     "_picked": "test_shared_elements_are_the_endpoints_in_order_keyed_by_cluster_ip",
     "_external_elements": "test_dispatch",
     "_nodeport_elements": "test_dispatch",
@@ -399,6 +443,7 @@ SERVICE_TEST_MODULES = (
     "test_rules_service_external.py",
     "test_rules_dispatch.py",
     "test_rules_dispatch_external.py",
+    "test_rules_dispatch_local.py",
 )
 """The modules testing rules/service.py, where RENDERER_TESTS's tests live."""
 

@@ -10,9 +10,10 @@ upstream-nftables-notes.md §1.5-§1.15), in ruleset v2's shapes:
 - IPv6 ports: ip6 matches, bracketed DNAT addresses, ipv6_addr affinity sets;
 - session affinity: lookup, refresh, DNAT per endpoint before the numgen
   cascade, which DNATs inline.
-The chooser's tests use an eTP=Local node port (ETP_LOCAL_NODEPORT): a port
-without affinity nor eTP=Local external destinations has no chooser of its
-own since v7; test_rules_dispatch*.py test the shared ones.
+The chooser's tests render an eTP=Local node port (ETP_LOCAL_NODEPORT)
+keeping its chains (`render_own`, as a port with ClientIP affinity or more
+than 64 endpoints does): a port without affinity has no chooser of its own
+since v8; test_rules_dispatch*.py test the shared ones.
 Rules are read through builders.text() (nft syntax; fails on unknown shapes);
 dispatch, masquerade and the renderer meta-test live in test_rules_service.py.
 """
@@ -54,6 +55,7 @@ from builders import (
     picked,
     picks,
     render,
+    render_own,
     rules_of,
     sep,
     service_port,
@@ -107,7 +109,7 @@ def _map_elements(fragment: Fragment) -> list[Element]:
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_map_pick_picks_each_endpoint_with_probability_one_over_n(n: int) -> None:
     eps = tuple(endpoint(f"10.180.0.{i + 1}") for i in range(n))
-    fragment = render(ETP_LOCAL_NODEPORT, eps).fragment
+    fragment = render_own(ETP_LOCAL_NODEPORT, eps).fragment
     (pick,) = chain_of(fragment, SVC).rules[1:]  # after the masquerade rule
     assert text(pick) == _pick_rule(n)
     assert pick.comment == f"ns1/svc1:p80 -> {n} endpoints"
@@ -121,7 +123,7 @@ def test_map_pick_picks_each_endpoint_with_probability_one_over_n(n: int) -> Non
 
 def test_map_elements_follow_endpoint_order_not_arrival_order() -> None:
     eps = (endpoint(EP3), endpoint(EP1), endpoint(EP2))
-    fragment = render(ETP_LOCAL_NODEPORT, eps).fragment
+    fragment = render_own(ETP_LOCAL_NODEPORT, eps).fragment
     (pick,) = chain_of(fragment, SVC).rules[1:]
     elements = picked(fragment, pick)
     assert [e.key[-1] for e in elements] == [0, 1, 2]
@@ -137,7 +139,7 @@ def test_endpoint_rule_dnats_with_the_service_protocol(protocol: L4Protocol) -> 
     hairpin-endpoints) and no KUBE-SEP chain exists."""
     port = service_port(protocol=protocol, node_port=3001, external_traffic_policy=LOCAL)
     chain, proto = names.service_chain(port.name), protocol.nft
-    fragment = render(port, (endpoint(EP1, 8080),)).fragment
+    fragment = render_own(port, (endpoint(EP1, 8080),)).fragment
     assert rules_of(fragment, chain)[1:] == [picks(EP1, port=8080, protocol=proto)]
     assert [text(r) for r in chain_of(fragment, chain).rules[1:]] == [
         _pick_rule(1, chain, proto)]
@@ -145,7 +147,7 @@ def test_endpoint_rule_dnats_with_the_service_protocol(protocol: L4Protocol) -> 
     assert {c.name for c in fragment.chains} == {chain, names.external_chain(port.name)}
     assert elements_of(fragment, "hairpin-endpoints") == {(EP1, EP1): None}
     affinity = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
-    fragment = render(affinity, (endpoint(EP1, 8080),)).fragment
+    fragment = render_own(affinity, (endpoint(EP1, 8080),)).fragment
     assert rules_of(fragment, chain)[-1].endswith(to(EP1, 8080, proto))
     assert _map_elements(fragment) == []
 
@@ -160,7 +162,7 @@ def test_choosers_spread_over_the_endpoints_map_shards() -> None:
         port = service_port(
             f"s{i}", cluster_ip=f"10.96.{i // 250}.{i % 250 + 1}", node_port=30000 + i,
             external_traffic_policy=LOCAL)
-        fragment = render(port, (endpoint(EP1), endpoint(EP2))).fragment
+        fragment = render_own(port, (endpoint(EP1), endpoint(EP2))).fragment
         (pick,) = chain_of(fragment, names.service_chain(port.name)).rules[1:]
         (ref,) = {w[1:] for w in text(pick).split() if w.startswith("@")}
         assert {e.set_name for e in _map_elements(fragment)} == {ref}
@@ -174,8 +176,8 @@ def test_a_changed_endpoint_changes_elements_only() -> None:
     """Same count, another endpoint: every chain renders the same rules (the
     same digest, so the chain is not rewritten) and the endpoints maps keep
     their keys; only their values (and the hairpin pairs) change."""
-    before = render(ETP_LOCAL, (endpoint(EP1, local=True), endpoint(EP2))).fragment
-    after = render(ETP_LOCAL, (endpoint(EP1, 8080, local=True), endpoint(EP3))).fragment
+    before = render_own(ETP_LOCAL, (endpoint(EP1, local=True), endpoint(EP2))).fragment
+    after = render_own(ETP_LOCAL, (endpoint(EP1, 8080, local=True), endpoint(EP3))).fragment
     assert {c.name for c in before.chains} == {SVC, SVL, names.external_chain(SVC1.name)}
     assert [compact_chain(c) for c in before.chains] == [compact_chain(c) for c in after.chains]
     assert before.sets == after.sets
@@ -219,7 +221,7 @@ def test_map_element_comments_of_a_maximal_service_keep_the_kube_sep_tag() -> No
     port = service_port("s" * 63, ns="n" * 63, port_name="p" * 15, family=IPFamily.IPV6,
                         node_port=3001, external_traffic_policy=LOCAL)
     eps = (endpoint("fd00:10:180::ffff:ffff", 65535), endpoint("fd00:10:180::2"))
-    fragment = render(port, eps).fragment
+    fragment = render_own(port, eps).fragment
     comments = [str(e.comment) for e in _map_elements(fragment)]
     assert len(comments) == 2
     tags = [names.endpoint_chain(port.name, ep) for ep in sorted(eps, key=lambda e: e.ip)]
@@ -267,7 +269,7 @@ def test_one_element_per_endpoint_ip_however_many_of_its_ports_serve() -> None:
 def test_ipv6_port_renders_ip6_matches_and_ipv6_addresses() -> None:
     port = service_port(family=IPFamily.IPV6, node_port=3001, external_traffic_policy=LOCAL)
     ep = endpoint("fd00:10:180::1", local=True)
-    fragment = render(port, (ep,)).fragment
+    fragment = render_own(port, (ep,)).fragment
     cip = "fd00:172:30::41"
     assert dispatch(fragment, labels(port)) == {
         "cluster-ips": {(cip,): None},
@@ -411,7 +413,7 @@ def test_affinity_in_kube_svl_looks_up_local_endpoints_only() -> None:
 
 def test_without_affinity_there_are_no_lookups_nor_updates() -> None:
     """The only set a chooser without affinity reads is the endpoints map."""
-    fragment = render(ETP_LOCAL_NODEPORT, (endpoint(EP1), endpoint(EP2))).fragment
+    fragment = render_own(ETP_LOCAL_NODEPORT, (endpoint(EP1), endpoint(EP2))).fragment
     rules = [text(r) for c in fragment.chains for r in c.rules]
     assert {word for r in rules for word in r.split() if "@" in word} == {
         "@" + endpoints_map_of(SVC)}

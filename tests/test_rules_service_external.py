@@ -45,6 +45,7 @@ from builders import (
     labels,
     picks,
     render,
+    render_own,
     rules_of,
     service_port,
     text,
@@ -85,31 +86,31 @@ HOST_SHORT_CIRCUIT = [f"fib saddr type local {MASQ}", f"fib saddr type local got
 
 
 def test_etp_local_external_chain_short_circuits_pods_and_host() -> None:
-    fragment = render(ETP_LOCAL, LOCAL_AND_REMOTE).fragment
+    fragment = render_own(ETP_LOCAL, LOCAL_AND_REMOTE).fragment
     assert rules_of(fragment, EXT) == [POD_SHORT_CIRCUIT, *HOST_SHORT_CIRCUIT, f"goto {SVL}"]
 
 
 def test_etp_local_local_chain_contains_only_local_endpoints() -> None:
     eps = (endpoint(EP1, local=True), endpoint(EP2), endpoint(EP3, local=True))
-    fragment = render(ETP_LOCAL, eps).fragment
+    fragment = render_own(ETP_LOCAL, eps).fragment
     assert rules_of(fragment, SVL) == [picks(EP1, EP3)]
     # KUBE-SVC (pods, host) still balances over every endpoint
     assert rules_of(fragment, SVC)[1:] == [picks(EP1, EP2, EP3)]
 
 
 def test_etp_local_local_chain_has_no_cluster_ip_masquerade_rule() -> None:
-    fragment = render(ETP_LOCAL, LOCAL_AND_REMOTE).fragment
+    fragment = render_own(ETP_LOCAL, LOCAL_AND_REMOTE).fragment
     assert not any(r.endswith(MASQ) for r in rules_of(fragment, SVL))
 
 
 def test_etp_local_without_local_endpoints_has_no_goto_kube_svl() -> None:
-    fragment = render(ETP_LOCAL, REMOTE).fragment
+    fragment = render_own(ETP_LOCAL, REMOTE).fragment
     assert rules_of(fragment, EXT) == [POD_SHORT_CIRCUIT, *HOST_SHORT_CIRCUIT]
 
 
 def test_etp_local_without_a_detector_loses_the_pod_short_circuit() -> None:
     config = replace(CONFIG, cluster_cidrs=())
-    fragment = render(ETP_LOCAL, LOCAL_AND_REMOTE, config=config).fragment
+    fragment = render_own(ETP_LOCAL, LOCAL_AND_REMOTE, config=config).fragment
     assert rules_of(fragment, EXT) == [*HOST_SHORT_CIRCUIT, f"goto {SVL}"]
 
 
@@ -129,7 +130,7 @@ def test_etp_local_without_a_detector_loses_the_pod_short_circuit() -> None:
 def test_etp_local_pod_short_circuit_uses_the_detector(
     config: ProxyConfig, short_circuit: str
 ) -> None:
-    fragment = render(ETP_LOCAL, LOCAL_AND_REMOTE, config=config).fragment
+    fragment = render_own(ETP_LOCAL, LOCAL_AND_REMOTE, config=config).fragment
     assert rules_of(fragment, EXT)[0] == short_circuit
 
 

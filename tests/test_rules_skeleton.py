@@ -105,7 +105,7 @@ def test_kube_chains_are_regular_chains() -> None:
     fragment = render_skeleton(V4, DEFAULT, NODE)
     regular = {c.name for c in fragment.chains if c.hook is None}
     assert regular == KUBE_CHAINS | DISPATCH_CHAINS
-    assert len(DISPATCH_CHAINS) == 2 * 3 * 64
+    assert len(DISPATCH_CHAINS) == 4 * 3 * 64 + 2
 
 
 def test_ipv4_skeleton_rules_are_golden() -> None:
@@ -125,14 +125,15 @@ def test_ipv4_maps_and_sets_are_golden() -> None:
         for k in range(32)
     ] + [
         text
+        for local, which in (("", "endpoint"), ("local-", "local endpoint"))
         for p in ("tcp", "udp", "sctp")
         for text in (
-            f"add table ip nftproxy\nadd map ip nftproxy vip-endpoints-{p}-a {{ typeof ip daddr "
-            f". {p} dport . numgen random mod 1 : ip daddr . {p} dport; "
-            f'comment "{p} VIP . port . index -> endpoint"; }}',
-            f"add table ip nftproxy\nadd map ip nftproxy nodeport-endpoints-{p}-a {{ typeof "
+            f"add table ip nftproxy\nadd map ip nftproxy vip-{local}endpoints-{p}-a {{ typeof "
+            f"ip daddr . {p} dport . numgen random mod 1 : ip daddr . {p} dport; "
+            f'comment "{p} VIP . port . index -> {which}"; }}',
+            f"add table ip nftproxy\nadd map ip nftproxy nodeport-{local}endpoints-{p}-a {{ typeof "
             f"{p} dport . numgen random mod 1 : ip daddr . {p} dport; "
-            f'comment "{p} node port . index -> endpoint"; }}',
+            f'comment "{p} node port . index -> {which}"; }}',
         )
     ] + [
         "add table ip nftproxy\nadd set ip nftproxy affinity { typeof ip saddr . numgen random "
@@ -170,8 +171,12 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
     assert chain_rules(fragment, "KUBE-POSTROUTING")[:3] == hairpin_rules("ip6", 16384)
     assert {s.name: s.type[0] for s in fragment.sets} == {
         **{f"endpoints-{p}-a-{k:02}": "integer" for p in ("tcp", "udp", "sctp") for k in range(32)},
-        **{f"vip-endpoints-{p}-a": "ipv6_addr" for p in ("tcp", "udp", "sctp")},
-        **{f"nodeport-endpoints-{p}-a": "inet_service" for p in ("tcp", "udp", "sctp")},
+        **{f"vip-{local}endpoints-{p}-a": "ipv6_addr"
+           for p in ("tcp", "udp", "sctp") for local in ("", "local-")},
+        **{f"nodeport-{local}endpoints-{p}-a": "inet_service"
+           for p in ("tcp", "udp", "sctp") for local in ("", "local-")},
+        **{f"external-{which}-choosers-a": "ipv6_addr" for which in ("cluster", "local")},
+        **{f"nodeport-{which}-choosers-a": "inet_proto" for which in ("cluster", "local")},
         "affinity": "ipv6_addr",
         "service-ips": "ipv6_addr",
         "service-nodeports": "inet_proto",
@@ -230,8 +235,10 @@ def test_every_set_lookup_matches_the_key_its_set_is_declared_by(family: IPFamil
     assert {name for name, _ in lookups} == set(declared) - by_ports
     for name, looked_up in lookups:
         assert _integers(looked_up) == _integers(typeof_key(declared[name].key)), name
-    assert {name for name, _ in lookups if name.startswith(("vip-", "nodeport-e"))} == {
-        f"{kind}-endpoints-{p}-a" for kind in ("vip", "nodeport") for p in PROTOCOLS}
+    shared_maps = ("vip-", "nodeport-e", "nodeport-local-e")
+    assert {name for name, _ in lookups if name.startswith(shared_maps)} == {
+        f"{kind}-{local}endpoints-{p}-a"
+        for kind in ("vip", "nodeport") for local in ("", "local-") for p in PROTOCOLS}
 
 
 def test_v2_sets_are_declared_by_typeof_on_libnftables_1_1() -> None:

@@ -80,15 +80,17 @@ def listings(objects: list[dict[str, Any]], config: ProxyConfig = CONFIG) -> dic
 
 
 def cluster(*, itp: str | None = None, node_port: bool = False,
-            etp: str | None = "Local") -> list[dict[str, Any]]:
+            etp: str | None = "Local", affinity: bool = False) -> list[dict[str, Any]]:
     """web: cluster IP only, three endpoints in each family (two on this
     node); with `node_port`, np too: a NodePort service, same endpoints,
-    externalTrafficPolicy `etp` (Local: it keeps its chains)."""
+    externalTrafficPolicy `etp`, with ClientIP `affinity` (then it keeps its
+    chains)."""
     objs = [service("web", [VIPS["ip"], VIPS["ip6"]], itp=itp)]
     objs += [_slices("web", f, EPS[f]) for f in ("ip", "ip6")]
     if node_port:
         objs.append(service("np", [NP_VIPS["ip"], NP_VIPS["ip6"]], type="NodePort",
-                            node_ports=(30080,), etp=etp))
+                            node_ports=(30080,), etp=etp,
+                            affinity_timeout=600 if affinity else None))
         objs += [_slices("np", f, EPS[f]) for f in ("ip", "ip6")]
     return objs
 
@@ -154,7 +156,7 @@ def test_internal_traffic_policy_local_names_kube_svl() -> None:
 
 
 def test_a_node_port_service_and_a_cluster_ip_only_one_coexist() -> None:
-    tables = listings(cluster(node_port=True))
+    tables = listings(cluster(node_port=True, affinity=True))
     web = run(tables, "192.168.1.2", VIPS["ip"], Origin.EXTERNAL)
     assert {(p.chains, p.chooser) for p in web.paths} == {
         ((names.service_chain(WEB),), "dispatch-tcp-a-3")}
@@ -239,11 +241,16 @@ def test_kube_ext_marks_a_pods_traffic_too_and_the_cluster_ip_stays_kube_svc() -
         ((names.service_chain(LB),), "dispatch-tcp-a-3", False, ("not marked for masquerade",))}
 
 
-def test_a_port_keeping_its_chains_beside_a_shared_external_one() -> None:
+def test_an_etp_local_port_beside_a_shared_etp_cluster_one() -> None:
+    """Both go through shared chains (v8): np's node port through
+    nodeport-local-a to the chooser of its two local endpoints, named as
+    kube-proxy's KUBE-EXT -> KUBE-SVL."""
     tables = listings([*shared_lb(), *cluster(node_port=True, etp="Local")])
     local = run(tables, CLIENTS["ip"], NODE_IPS["ip"], Origin.EXTERNAL, port=30080)
     assert {(p.service, p.chains, p.chooser) for p in local.paths} == {
-        ("ns/np:http", (names.external_chain(NP), names.local_chain(NP)), "")}
+        ("ns/np:http", (names.external_chain(NP), names.local_chain(NP)),
+         "dispatch-nodeport-local-tcp-a-2")}
+    assert local.endpoints() == {f"{ip}:80": Fraction(1, 2) for ip in EPS["ip"][:2]}
     assert {(p.masquerade, p.reasons) for p in local.paths} == {
         (False, ("externalTrafficPolicy=Local: the client's address is kept",))}
     shared = run(tables, CLIENTS["ip"], NODE_IPS["ip"], Origin.EXTERNAL, port=30090)
@@ -253,3 +260,56 @@ def test_a_port_keeping_its_chains_beside_a_shared_external_one() -> None:
     json_path = shared.to_json()["paths"][0]
     assert (json_path["chooser"], json_path["chains"]) == (
         "dispatch-nodeport-tcp-a-3", [names.external_chain(LB)])
+
+
+# --- eTP=Local external destinations through external-local (ruleset v8) ---------------
+
+
+def local_lb() -> list[dict[str, Any]]:
+    """lb as in `shared_lb`, externalTrafficPolicy Local: two of its three
+    endpoints are on this node."""
+    objs = [service("lb", [LB_VIPS["ip"], LB_VIPS["ip6"]], type="LoadBalancer",
+                    node_ports=(30090,), external_ips=list(EXTERNAL_IPS.values()),
+                    lb_ips=list(INGRESS.values()), etp="Local")]
+    return objs + [_slices("lb", f, EPS[f]) for f in ("ip", "ip6")]
+
+
+@pytest.mark.parametrize("family", ["ip", "ip6"])
+def test_an_etp_local_vip_keeps_the_clients_address_and_picks_a_local_endpoint(
+    family: str,
+) -> None:
+    tables = listings(local_lb())
+    for vip in (INGRESS[family], EXTERNAL_IPS[family]):
+        result = run(tables, CLIENTS[family], vip, Origin.EXTERNAL)
+        assert {(p.chains, p.chooser, p.masquerade) for p in result.paths} == {
+            ((names.external_chain(LB), names.local_chain(LB)), "dispatch-local-tcp-a-2", False)}
+        assert result.endpoints() == {
+            format_address(ip, 80): Fraction(1, 2) for ip in EPS[family][:2]}
+
+
+def test_pods_and_the_node_reach_every_endpoint_of_an_etp_local_vip() -> None:
+    """kube-proxy's KUBE-EXT: pod traffic goes to KUBE-SVC unmarked (but
+    for hairpin), the node's own traffic to KUBE-SVC marked."""
+    tables = listings(local_lb())
+    every = {f"{ip}:80": Fraction(1, 3) for ip in EPS["ip"]}
+    pod = run(tables, "10.244.0.12", INGRESS["ip"], Origin.POD)
+    assert pod.endpoints() == every
+    assert {(p.chains, p.chooser) for p in pod.paths} == {
+        ((names.external_chain(LB), names.service_chain(LB)), "dispatch-tcp-a-3")}
+    assert all(not p.masquerade for p in pod.paths if p.endpoint.address != "10.244.0.12")
+    node = run(tables, NODE_IPS["ip"], INGRESS["ip"], Origin.NODE)
+    assert node.endpoints() == every
+    assert {(p.masquerade, p.reasons) for p in node.paths} == {(True, (
+        "the node's own traffic to an externalTrafficPolicy=Local destination (Local policy)",))}
+
+
+def test_with_masquerade_all_pod_traffic_to_an_etp_local_vip_is_not_marked() -> None:
+    """kube-proxy's KUBE-SVC marks every packet to the cluster IP with
+    masqueradeAll, not the pod traffic KUBE-EXT sends it for an external
+    destination: the shared chooser's rule matches @cluster-ips."""
+    tables = listings(local_lb(), replace(CONFIG, masquerade_all=True))
+    pod = run(tables, "10.244.0.12", INGRESS["ip"], Origin.POD)
+    others = [p for p in pod.paths if p.endpoint and p.endpoint.address != "10.244.0.12"]
+    assert len(others) == 2 and not any(p.masquerade for p in others)
+    cip = run(tables, "10.244.0.12", LB_VIPS["ip"], Origin.POD)
+    assert all(p.masquerade for p in cip.paths)

@@ -126,17 +126,22 @@ def test_every_set_and_map_of_the_sample_is_declared_by_typeof_on_1_1() -> None:
         (True, ()), (False, ()), (False, ("interval",)), (False, ("dynamic", "timeout"))}
     assert all(isinstance(d["type"], dict) and "typeof" in d["type"] for d in decls)
     # data maps: the endpoints maps' shards, the vip-endpoints and
-    # nodeport-endpoints maps (v7)
-    data_maps = [d for d in decls if "map" in d and generation_of(d["name"]) is not None]
-    verdict_maps = [d for d in decls if "map" in d and generation_of(d["name"]) is None]
-    assert verdict_maps and all(d["map"] == {"typeof": {"accept": None}} for d in verdict_maps)
+    # nodeport-endpoints maps (v7) and their local ones (v8); verdict maps:
+    # the skeleton's, and the eTP=Local destinations' choosers maps (v8)
+    verdict_maps = [d for d in decls if d.get("map") == {"typeof": {"accept": None}}]
+    data_maps = [d for d in decls if "map" in d and d not in verdict_maps]
+    assert all(generation_of(d["name"]) is not None for d in data_maps)
+    choosers = sorted(d["name"] for d in verdict_maps if generation_of(d["name"]) is not None)
+    assert choosers == sorted(2 * [f"{where}-{which}-choosers-a" for where in (
+        "external", "nodeport") for which in ("cluster", "local")])
     assert all("typeof" in d["map"] for d in data_maps)
     endpoints = [d for d in data_maps if is_endpoints_map(d["name"])]
     # 3 protocols x 32 shards a family
     assert len(endpoints) == 2 * 96
     shared = [d["name"] for d in data_maps if not is_endpoints_map(d["name"])]
-    assert sorted(shared) == sorted(
-        2 * [f"{kind}-endpoints-{p}-a" for kind in ("vip", "nodeport") for p in PROTOCOLS])
+    assert sorted(shared) == sorted(2 * [
+        f"{kind}-{local}endpoints-{p}-a"
+        for kind in ("vip", "nodeport") for local in ("", "local-") for p in PROTOCOLS])
 
 
 # --- the planner in each dialect --------------------------------------------

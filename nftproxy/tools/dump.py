@@ -16,9 +16,14 @@ an external destination), its node port's `service-nodeports` element to
 `dispatch-nodeport-<proto>-<g>-<N>` (KUBE-EXT-<h>). Each destination's
 endpoints are the chooser's elements for it (`vip-endpoints-<proto>-<g>`
 keyed by the VIP, `nodeport-endpoints-<proto>-<g>` by the node port),
-listed in `dispatched`; the view shows the port as one with chains: the
+listed in `dispatched`. An eTP=Local port's external destination (ruleset
+v8) goes to the shared `external-local-<g>` / `nodeport-local-<g>` chain
+(KUBE-EXT-<h>), and its choosers are the elements of the
+`*-cluster-choosers-<g>` (KUBE-SVC-<h>) and `*-local-choosers-<g>`
+(KUBE-SVL-<h>) maps, listed in `dispatched` too. The view shows the port
+as one with chains: the
 KUBE-SVC/SVL/EXT-<h> the elements name (`chains`, `chooser` naming the
-first dispatch chain), externalTrafficPolicy Cluster, the endpoints
+first dispatch chain), its externalTrafficPolicy, the endpoints
 (`endpoints`: KUBE-SVC's, which KUBE-EXT goes to; `local_endpoints`:
 KUBE-SVL's). It needs no nftproxy process:
 everything is recovered from the table (element comments name the service
@@ -133,11 +138,13 @@ def _target(verdict: Any) -> str:
 
 def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]:
     views: dict[tuple[str, str], ServiceView] = {}
+    choosers = [name for name in parsed.sets if sk.is_choosers_map(name)]
     for set_name in (
         sk.SERVICE_IPS,
         sk.SERVICE_NODEPORTS,
         sk.NO_ENDPOINT_SERVICES,
         sk.NO_ENDPOINT_NODEPORTS,
+        *choosers,
     ):
         for elem in parsed.sets.get(set_name, {}).get("elem", []):
             key, comment, verdict = elem_parts(elem)
@@ -154,6 +161,8 @@ def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]
             if sk.chain_generation(target) is not None and tag:
                 shared = Dispatched(where.address, where.port, target, tag)
                 parsed.shared.setdefault((label, proto), []).append(shared)
+            if sk.is_choosers_map(set_name):
+                continue  # an eTP=Local destination's chooser: its VIP is listed already
             if set_name == sk.SERVICE_IPS:
                 view.vips.append(where)
                 if target.startswith(LOCAL) or tag.startswith(LOCAL):
@@ -207,10 +216,12 @@ def _shared_chooser(view: ServiceView, parsed: Listing) -> None:
         d.endpoints = cascade(parsed.chains.get(d.chooser, []), parsed, d)
         if d.identity.startswith(LOCAL):
             view.local_endpoints = view.local_endpoints or d.endpoints
-        else:
+        elif not sk.is_external_local_chain(d.chooser):
             view.endpoints = view.endpoints or d.endpoints
-    if any(d.identity.startswith(EXTERNAL) for d in found):
-        view.policies["externalTrafficPolicy"] = "Cluster"
+    external = [d for d in found if d.identity.startswith(EXTERNAL)]
+    if external:
+        local = any(sk.is_external_local_chain(d.chooser) for d in external)
+        view.policies["externalTrafficPolicy"] = "Local" if local else "Cluster"
     tags = sorted({d.identity for d in found}, key=lambda t: _CHAIN_ORDER.index(t[:9]))
     view.chains = [*tags, *(c for c in view.chains if c not in tags)]
     view.chooser = found[0].chooser
@@ -329,7 +340,11 @@ def render_text(view: TableView) -> str:
                 lines.append(f"    {label}:")
             lines += _endpoint_lines(eps, "      ")
         lines += _dispatched_lines(s)
-        choosers = list(dict.fromkeys(d.chooser for d in s.dispatched))
+        choosers = list(
+            dict.fromkeys(
+                d.chooser for d in s.dispatched if not sk.is_external_local_chain(d.chooser)
+            )
+        )
         many = "s" if len(choosers) > 1 else ""
         shared = f" (shared chooser{many} {', '.join(choosers)})" if choosers else ""
         lines.append(f"    chains: {', '.join(s.chains)}{shared}")
@@ -351,6 +366,6 @@ def _dispatched_lines(s: ServiceView) -> list[str]:
     for d in s.dispatched:
         lines.append(f"      {d.text():<28} -> {d.chooser}  {d.identity}")
         shown = s.local_endpoints if d.identity.startswith(LOCAL) else s.endpoints
-        if d.endpoints != shown:
+        if d.endpoints != shown and not sk.is_external_local_chain(d.chooser):
             lines += _endpoint_lines(d.endpoints, "        ") or ["        no endpoints"]
     return lines

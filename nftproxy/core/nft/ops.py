@@ -175,6 +175,9 @@ class Table:
         kind = "map" if decl.map else "set"
         return {"flush": {kind: self._obj(name=decl.name)}}
 
+    def flush_map(self, name: str) -> Json:
+        return {"flush": {"map": self._obj(name=name)}}
+
     def delete_set(self, name: str, *, is_map: bool = False) -> Json:
         return {"delete": {"map" if is_map else "set": self._obj(name=name)}}
 

@@ -206,10 +206,22 @@ def _remove_chain(b: _Batch, t: Table, name: str, *, defer: bool, stale: set[str
 
 
 def _remove_set(
-    b: _Batch, t: Table, name: str, is_map: bool, *, defer: bool, stale: dict[str, bool]
+    b: _Batch,
+    t: Table,
+    name: str,
+    is_map: bool,
+    *,
+    defer: bool,
+    stale: dict[str, bool],
+    verdict: bool = False,
 ) -> None:
+    """Delete a set, or with `defer` leave it to stage_gc -- a verdict map
+    flushed now, so that no element of it holds the chains stage_gc deletes
+    in the same transaction (EBUSY on kernels < 6.2)."""
     if defer:
         stale[name] = is_map
+        if verdict:
+            b.flush.append(t.flush_map(name))
     else:
         b.del_sets.append(t.delete_set(name, is_map=is_map))
 
@@ -247,7 +259,8 @@ def _diff_sets(
             b.add_sets += [t.flush_set(decl), *t.add_set_elements(name, decl.elements)]
     for name, prev in old.items():
         if name not in new:
-            _remove_set(b, t, name, bool(prev.map), defer=defer, stale=stale_sets)
+            is_map, verdict = bool(prev.map), prev.map == "verdict"
+            _remove_set(b, t, name, is_map, defer=defer, stale=stale_sets, verdict=verdict)
     return redeclared
 
 
@@ -408,7 +421,8 @@ def _full_sets(
     for name, ks in kernel.sets.items():
         decl = desired.get(name)
         if decl is None:
-            _remove_set(b, t, name, ks.map is not None, defer=defer, stale=stale_sets)
+            is_map, verdict = ks.map is not None, ks.map == "verdict"
+            _remove_set(b, t, name, is_map, defer=defer, stale=stale_sets, verdict=verdict)
         elif not _same_declaration(t, decl, ks):
             b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
         elif decl.dynamic:

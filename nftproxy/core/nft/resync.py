@@ -201,7 +201,13 @@ class ResyncPlan:
         for name, ks in listed.sets.items():
             if name not in fresh.sets:
                 _remove_set(
-                    b, t, name, ks.map is not None, defer=self._defer, stale=fresh.stale_sets
+                    b,
+                    t,
+                    name,
+                    ks.map is not None,
+                    defer=self._defer,
+                    stale=fresh.stale_sets,
+                    verdict=ks.map == "verdict",
                 )
         for decl in fresh.sets.values():
             if decl.dynamic or generation_of(decl.name) == fresh.generation:

@@ -24,7 +24,9 @@ __all__ = [
     "endpoints_shard",
     "generation_of",
     "hairpin_set",
+    "is_choosers_map",
     "is_endpoints_map",
+    "is_external_local_chain",
     "is_hairpin_set",
     "is_unsharded_endpoints_map",
 ]
@@ -111,6 +113,32 @@ def chain_generation(name: str) -> str | None:
     """The generation of a skeleton chain that comes in generations (a
     shared chooser, rules/dispatch.py), None for any other."""
     return _CHAIN_GENERATION.get(name)
+
+
+_EXTERNAL_LOCAL = frozenset(
+    name(g) for name in (dispatch.external_local_chain, dispatch.nodeport_local_chain)
+    for g in GENERATIONS
+)
+
+
+def is_external_local_chain(name: str) -> bool:
+    """Whether `name` is a generation's external-local or nodeport-local
+    chain: what KUBE-EXT does for every eTP=Local port (rules/dispatch.py)."""
+    return name in _EXTERNAL_LOCAL
+
+
+_CHOOSERS_MAPS = frozenset(
+    dispatch.choosers_map(g, nodeport=nodeport, local=local)
+    for g in GENERATIONS
+    for nodeport in (False, True)
+    for local in (False, True)
+)
+
+
+def is_choosers_map(name: str) -> bool:
+    """Whether `name` is one of a generation's four verdict maps from an
+    eTP=Local destination to its cluster or local chooser (rules/dispatch.py)."""
+    return name in _CHOOSERS_MAPS
 
 
 _HAIRPIN_SETS = frozenset(hairpin_set(g) for g in GENERATIONS)

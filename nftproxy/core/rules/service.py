@@ -5,11 +5,13 @@ Layer: rules (pure). One job: kube-proxy's per-service-port semantics
 small per-feature renderers, each a pure function of the decisions in
 `PortPlan`. `render_service_port` composes them.
 
-Most ports have no chain (ruleset v7, `PortPlan.shared`): each of their
+Most ports have no chain (ruleset v8, `PortPlan.shared`): each of their
 destinations is an element that goes to a shared chooser of its endpoint
-count, and the port owns that chooser's elements for it (rules/dispatch.py
-has the shape). The others -- ClientIP affinity, an eTP=Local external
-destination, more than DISPATCH_MAX endpoints -- keep chains of their own:
+count (an eTP=Local external destination: to the shared external-local
+chain, whose maps the port fills with its cluster and local choosers), and
+the port owns the choosers' elements for it (rules/dispatch.py has the
+shape). The others -- ClientIP affinity, more than DISPATCH_MAX endpoints
+-- keep chains of their own:
 KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
 KUBE-EXT (external destinations). A chooser picks its endpoint with one
 rule, `meta l4proto P dnat to numgen random mod 1 offset F1 . numgen random
@@ -152,12 +154,17 @@ def _shares(
     port: ServicePort, cats: EndpointCategories, has_internal: bool, uses_ext_chain: bool
 ) -> bool:
     """Whether the port goes through the shared choosers: no ClientIP
-    affinity, no eTP=Local external destination, and 1..DISPATCH_MAX
-    endpoints wherever it sends traffic (its cluster IP: the internal
-    chooser's; its external destinations: the cluster endpoints)."""
-    if port.affinity or (port.externally_accessible and port.external_policy_local):
+    affinity, and 1..DISPATCH_MAX endpoints wherever it sends traffic (its
+    cluster IP: the internal chooser's; its external destinations: the
+    cluster endpoints, and with eTP=Local its local ones where it has any)."""
+    if port.affinity:
         return False
-    served = ((has_internal, _internal_endpoints(port, cats)), (uses_ext_chain, cats.cluster))
+    local = uses_ext_chain and port.external_policy_local and bool(cats.local)
+    served = (
+        (has_internal, _internal_endpoints(port, cats)),
+        (uses_ext_chain, cats.cluster),
+        (local, cats.local),
+    )
     return all(0 < len(eps) <= dispatch.DISPATCH_MAX for used, eps in served if used)
 
 
@@ -179,15 +186,18 @@ def _cluster_ip_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
 
 
 def _external_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
-    """External IPs and LB VIPs go to KUBE-EXT, or, with a shared chooser,
-    are marked for masquerade and go to it; no (local) endpoints ->
+    """External IPs and LB VIPs go to KUBE-EXT, or, shared, with eTP=Local
+    to the external-local chain and its choosers maps, with eTP=Cluster
+    marked for masquerade to the cluster chooser; no (local) endpoints ->
     reject/drop."""
     port, label = p.port, str(p.port.name)
     ext = names.external_chain(port.name)
     out: list[Element] = []
     for ip in (*port.external_ips, *port.load_balancer_vips):
         key = _key(ip, port, port.port)
-        if p.uses_ext_chain and p.shared:
+        if p.uses_ext_chain and p.shared and port.external_policy_local:
+            out += _local_vip(p, ip, ctx)
+        elif p.uses_ext_chain and p.shared:
             out += _shared_vip(p, ip, p.cats.cluster, ext, ctx)
             out.append(Element(sk.MASQUERADE_VIPS, key, None, names.tagged(label, ext)))
         elif p.uses_ext_chain:
@@ -204,7 +214,9 @@ def _nodeport_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
     key = (port.protocol.nft, port.node_port)
     ext = names.external_chain(port.name)
     out: list[Element] = []
-    if p.uses_ext_chain and p.shared:
+    if p.uses_ext_chain and p.shared and port.external_policy_local:
+        out += _local_nodeport(p, ctx)
+    elif p.uses_ext_chain and p.shared:
         out += _shared_nodeport(p, ctx)
         out.append(Element(sk.MASQUERADE_NODEPORTS, key, None, names.tagged(label, ext)))
     elif p.uses_ext_chain:
@@ -215,35 +227,99 @@ def _nodeport_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
 
 
 def _shared_vip(
-    p: PortPlan, vip: str, endpoints: tuple[Endpoint, ...], identity: str, ctx: RenderContext
+    p: PortPlan,
+    vip: str,
+    endpoints: tuple[Endpoint, ...],
+    identity: str,
+    ctx: RenderContext,
+    *,
+    table: str = sk.SERVICE_IPS,
+    local: bool = False,
 ) -> list[Element]:
-    """A VIP's service-ips element, to the shared chooser of len(endpoints)
-    (its comment names the chain kube-proxy would send it to, `identity`),
-    and the elements (VIP, port, i) -> endpoint i that chooser picks from."""
-    port = p.port
-    chooser = dispatch.dispatch_chain(port.protocol, ctx.generation, len(endpoints))
+    """A VIP's element in `table` (service-ips, or an eTP=Local destination's
+    choosers map) to the shared chooser of len(endpoints) (its comment names
+    the chain kube-proxy would send it to, `identity`), and the elements
+    (VIP, port, i) -> endpoint i that chooser picks from."""
+    port, g = p.port, ctx.generation
+    chooser = dispatch.dispatch_chain(port.protocol, g, len(endpoints), local=local)
     comment = names.tagged(str(port.name), identity)
     key = _key(vip, port, port.port)
-    map_name = dispatch.vip_endpoints_map(port.protocol, ctx.generation)
+    map_name = dispatch.vip_endpoints_map(port.protocol, g, local=local)
     return [
-        Element(sk.SERVICE_IPS, key, Verdict("goto", chooser), comment),
+        Element(table, key, Verdict("goto", chooser), comment),
         *_picked(p, map_name, (vip, port.port), endpoints),
     ]
 
 
-def _shared_nodeport(p: PortPlan, ctx: RenderContext) -> list[Element]:
-    """The node port's service-nodeports element, to the shared chooser of
-    its cluster endpoints' count, and the elements (node port, i) ->
-    endpoint i it picks from."""
-    port, endpoints = p.port, p.cats.cluster
-    chooser = dispatch.nodeport_dispatch_chain(port.protocol, ctx.generation, len(endpoints))
-    comment = names.tagged(str(port.name), names.external_chain(port.name))
+def _local_vip(p: PortPlan, vip: str, ctx: RenderContext) -> list[Element]:
+    """An eTP=Local external destination: its service-ips element to the
+    external-local chain (KUBE-EXT-<h>), its cluster chooser (KUBE-SVC-<h>)
+    and, with local endpoints, its local one (KUBE-SVL-<h>)."""
+    port, g = p.port, ctx.generation
+    spn, label = port.name, str(port.name)
+    ext = Verdict("goto", dispatch.external_local_chain(g))
+    out = [
+        Element(
+            sk.SERVICE_IPS,
+            _key(vip, port, port.port),
+            ext,
+            names.tagged(label, names.external_chain(spn)),
+        )
+    ]
+    for local, endpoints, identity in (
+        (False, p.cats.cluster, names.service_chain(spn)),
+        (True, p.cats.local, names.local_chain(spn)),
+    ):
+        if endpoints:
+            table = dispatch.choosers_map(g, nodeport=False, local=local)
+            out += _shared_vip(p, vip, endpoints, identity, ctx, table=table, local=local)
+    return out
+
+
+def _shared_nodeport(
+    p: PortPlan,
+    ctx: RenderContext,
+    *,
+    endpoints: tuple[Endpoint, ...] | None = None,
+    identity: str = "",
+    table: str = sk.SERVICE_NODEPORTS,
+    local: bool = False,
+) -> list[Element]:
+    """The node port's element in `table` (service-nodeports, or an eTP=Local
+    node port's choosers map) to the shared chooser of len(endpoints)
+    (default: its cluster endpoints; comment `identity`, default its
+    KUBE-EXT-<h>), and the elements (node port, i) -> endpoint i it picks from."""
+    port, g = p.port, ctx.generation
+    endpoints = p.cats.cluster if endpoints is None else endpoints
+    chooser = dispatch.nodeport_dispatch_chain(port.protocol, g, len(endpoints), local=local)
+    comment = names.tagged(str(port.name), identity or names.external_chain(port.name))
     key = (port.protocol.nft, port.node_port)
-    map_name = dispatch.nodeport_endpoints_map(port.protocol, ctx.generation)
+    map_name = dispatch.nodeport_endpoints_map(port.protocol, g, local=local)
     return [
-        Element(sk.SERVICE_NODEPORTS, key, Verdict("goto", chooser), comment),
+        Element(table, key, Verdict("goto", chooser), comment),
         *_picked(p, map_name, (port.node_port,), endpoints),
     ]
+
+
+def _local_nodeport(p: PortPlan, ctx: RenderContext) -> list[Element]:
+    """An eTP=Local node port: its service-nodeports element to the
+    nodeport-local chain (KUBE-EXT-<h>), its cluster chooser (KUBE-SVC-<h>)
+    and, with local endpoints, its local one (KUBE-SVL-<h>)."""
+    port, g = p.port, ctx.generation
+    spn, label = port.name, str(port.name)
+    ext = Verdict("goto", dispatch.nodeport_local_chain(g))
+    key = (port.protocol.nft, port.node_port)
+    out = [Element(sk.SERVICE_NODEPORTS, key, ext, names.tagged(label, names.external_chain(spn)))]
+    for local, endpoints, identity in (
+        (False, p.cats.cluster, names.service_chain(spn)),
+        (True, p.cats.local, names.local_chain(spn)),
+    ):
+        if endpoints:
+            table = dispatch.choosers_map(g, nodeport=True, local=local)
+            out += _shared_nodeport(
+                p, ctx, endpoints=endpoints, identity=identity, table=table, local=local
+            )
+    return out
 
 
 def _picked(

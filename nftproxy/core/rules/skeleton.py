@@ -35,7 +35,9 @@ from nftproxy.core.rules.generations import (
     endpoints_shard,
     generation_of,
     hairpin_set,
+    is_choosers_map,
     is_endpoints_map,
+    is_external_local_chain,
     is_hairpin_set,
     is_unsharded_endpoints_map,
 )
@@ -75,7 +77,9 @@ __all__ = [
     "endpoints_shard",
     "generation_of",
     "hairpin_set",
+    "is_choosers_map",
     "is_endpoints_map",
+    "is_external_local_chain",
     "is_hairpin_set",
     "is_unsharded_endpoints_map",
     "nodeport_ips",
@@ -437,13 +441,23 @@ def render_skeleton(
 ) -> Fragment:
     """The skeleton of `family`'s table; `service_cidrs` are this family's;
     `generation` names its endpoints maps and shared choosers."""
-    source = masquerade_source(config, local_detector(family, config, node))
-    masq = () if source is None else (_rule(*source, expr.jump(MARK_MASQ), comment="cluster IP"),)
+    detector = local_detector(family, config, node)
+    source = masquerade_source(config, detector)
+    # kube-proxy's KUBE-SVC rule matches the cluster IP: an eTP=Local external
+    # destination's pod traffic reaches the same chooser unmarked (masqueradeAll too)
+    cluster_ip = expr.set_lookup(family, "daddr", CLUSTER_IPS)
+    masq = (
+        ()
+        if source is None
+        else (_rule(cluster_ip, *source, expr.jump(MARK_MASQ), comment="cluster IP"),)
+    )
+    pods = None if detector is None else detector.if_local
     chains = (
         *_base_chains(),
         *_lookup_chains(family, config),
         *_helper_chains(family, config),
         *dispatch.dispatch_chains(family, generation, masq),
+        *dispatch.external_local_chains(family, generation, pods, MARK_MASQ),
     )
     sets = (
         *_maps_and_sets(family, config, node, service_cidrs),

@@ -11,7 +11,9 @@ the sets they look up:
   `dispatch-<p>-<g>-<N>`, which stands in for them), with a source
   condition (off-cluster source) or without one (masqueradeAll), a KUBE-EXT
   rule (externalTrafficPolicy=Cluster, or the node's own traffic to a Local
-  one), or the KUBE-SERVICES / KUBE-NODEPORTS rule that looks the
+  one; ruleset v8's shared `external-local-<g>` / `nodeport-local-<g>`
+  chains do what KUBE-EXT does for eTP=Local ports), or the KUBE-SERVICES /
+  KUBE-NODEPORTS rule that looks the
   destination up in `masquerade-vips` / `masquerade-nodeports` (ruleset v7:
   KUBE-EXT's marking of an eTP=Cluster external destination whose element
   goes to a shared chooser; the element names the KUBE-EXT-<h>, and the
@@ -90,7 +92,7 @@ def explain(flow: Flow, rs: Ruleset) -> Path:
         affinity=_affinity(flow.affinity, str(flow.saddr)),
         reject_with=flow.reject_with,
         steps=flow.steps,
-        chooser=next(iter(shared), ""),
+        chooser=next((c for c in reversed(shared) if not sk.is_external_local_chain(c)), ""),
     )
 
 
@@ -184,20 +186,24 @@ def _mark_reason(flow: Flow, mark: MarkSet, rs: Ruleset, shared: dict[str, str])
     marked = next((s for s in _MARKING_SETS if _looks_up(caller, s)), None)
     if marked is not None:
         return _external_mark(flow, caller, marked)
+    if chain.startswith("KUBE-EXT-") or sk.is_external_local_chain(chain):
+        return _external_chain_mark(caller)
     if shared.get(chain, "").startswith(EXTERNAL):
         return _EXTERNAL_CLUSTER
     if chain.startswith(("KUBE-SVC-", "KUBE-SVL-")) or _is_shared_chooser(chain):
         if any(_is_source_match(m) for m in _matches(caller)):
             return "off-cluster source to a cluster IP (not from a pod on this node)"
         return "masqueradeAll: all traffic to the cluster IP is masqueraded"
-    if chain.startswith("KUBE-EXT-"):
-        if any(isinstance(m.left, sx.Fib) and m.left.field == "saddr" for m in _matches(caller)):
-            return (
-                "the node's own traffic to an externalTrafficPolicy=Local destination "
-                "(Local policy)"
-            )
-        return _EXTERNAL_CLUSTER
     return f"marked for masquerade by {caller.where}"
+
+
+def _external_chain_mark(caller: Rule) -> str:
+    """A KUBE-EXT chain's mark (or external-local's / nodeport-local's, which
+    do what KUBE-EXT does for eTP=Local ports): the node's own traffic with
+    the Local policy, every packet with the Cluster policy."""
+    if any(isinstance(m.left, sx.Fib) and m.left.field == "saddr" for m in _matches(caller)):
+        return "the node's own traffic to an externalTrafficPolicy=Local destination (Local policy)"
+    return _EXTERNAL_CLUSTER
 
 
 def _external_mark(flow: Flow, caller: Rule, marked: str) -> str:
