@@ -433,7 +433,8 @@ RENDERER_TESTS = {
     "_firewall_elements": "test_source_ranges_are_firewall_vips_and_firewall_allow_elements",
     "_hairpin_elements": "test_hairpin_elements_pair_each_reachable_endpoint_with_itself",
 }
-HELPERS = {"_key", "_contains_any", "_merge", "_net", "_internal_endpoints", "_shares"}
+HELPERS = {"_key", "_contains_any", "_merge", "_net", "_internal_endpoints", "_shares",
+           "_local_policy_choosers"}
 RENDERED = ("Chain", "Element", "Rule", "SetDecl", "Json")
 """What a renderer returns (in its annotation); a helper returns none of these."""
 SERVICE_TEST_MODULES = (

@@ -266,14 +266,21 @@ def _local_vip(p: PortPlan, vip: str, ctx: RenderContext) -> list[Element]:
             names.tagged(label, names.external_chain(spn)),
         )
     ]
-    for local, endpoints, identity in (
+    for local, endpoints, identity in _local_policy_choosers(p):
+        table = dispatch.choosers_map(g, nodeport=False, local=local)
+        out += _shared_vip(p, vip, endpoints, identity, ctx, table=table, local=local)
+    return out
+
+
+def _local_policy_choosers(p: PortPlan) -> list[tuple[bool, tuple[Endpoint, ...], str]]:
+    """An eTP=Local destination's choosers that have endpoints: (of the
+    local ones?, the endpoints, the KUBE-SVC/SVL-<h> it stands for)."""
+    spn = p.port.name
+    both = (
         (False, p.cats.cluster, names.service_chain(spn)),
         (True, p.cats.local, names.local_chain(spn)),
-    ):
-        if endpoints:
-            table = dispatch.choosers_map(g, nodeport=False, local=local)
-            out += _shared_vip(p, vip, endpoints, identity, ctx, table=table, local=local)
-    return out
+    )
+    return [(local, eps, identity) for local, eps, identity in both if eps]
 
 
 def _shared_nodeport(
@@ -310,15 +317,11 @@ def _local_nodeport(p: PortPlan, ctx: RenderContext) -> list[Element]:
     ext = Verdict("goto", dispatch.nodeport_local_chain(g))
     key = (port.protocol.nft, port.node_port)
     out = [Element(sk.SERVICE_NODEPORTS, key, ext, names.tagged(label, names.external_chain(spn)))]
-    for local, endpoints, identity in (
-        (False, p.cats.cluster, names.service_chain(spn)),
-        (True, p.cats.local, names.local_chain(spn)),
-    ):
-        if endpoints:
-            table = dispatch.choosers_map(g, nodeport=True, local=local)
-            out += _shared_nodeport(
-                p, ctx, endpoints=endpoints, identity=identity, table=table, local=local
-            )
+    for local, endpoints, identity in _local_policy_choosers(p):
+        table = dispatch.choosers_map(g, nodeport=True, local=local)
+        out += _shared_nodeport(
+            p, ctx, endpoints=endpoints, identity=identity, table=table, local=local
+        )
     return out
 
 
