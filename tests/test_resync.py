@@ -298,8 +298,12 @@ def test_a_redeclared_set_means_one_transaction(commits: Commits) -> None:
     interval set, as another ruleset might): one transaction re-declares it."""
     old_table(commits, old_cluster())
     table = {"family": "ip", "table": "nftproxy"}
+    listed = commits.list_table("ip", "nftproxy") or {"nftables": []}
+    users = sorted({o["rule"]["chain"] for o in listed["nftables"]
+                    if "rule" in o and "@cluster-ips" in json.dumps(o)})
+    assert "KUBE-CLUSTER-IPS-CHECK" in users  # and the shared choosers' masquerade rule
     commits.commit([
-        {"flush": {"chain": {**table, "name": "KUBE-CLUSTER-IPS-CHECK"}}},
+        *({"flush": {"chain": {**table, "name": name}}} for name in users),
         {"delete": {"set": {**table, "name": "cluster-ips"}}},
         {"add": {"set": {**table, "name": "cluster-ips", "type": "ipv4_addr",
                          "flags": ["interval"]}}},
