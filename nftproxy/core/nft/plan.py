@@ -209,18 +209,19 @@ def _remove_set(
     b: _Batch,
     t: Table,
     name: str,
-    is_map: bool,
+    map_type: str | None,
     *,
     defer: bool,
     stale: dict[str, bool],
-    verdict: bool = False,
 ) -> None:
-    """Delete a set, or with `defer` leave it to stage_gc -- a verdict map
-    flushed now, so that no element of it holds the chains stage_gc deletes
-    in the same transaction (EBUSY on kernels < 6.2)."""
+    """Delete a set (`map_type`: a map's value type, None for a set), or
+    with `defer` leave it to stage_gc -- a verdict map flushed now, so that
+    no element of it holds the chains stage_gc deletes in the same
+    transaction (EBUSY on kernels < 6.2)."""
+    is_map = map_type is not None
     if defer:
         stale[name] = is_map
-        if verdict:
+        if map_type == "verdict":
             b.flush.append(t.flush_map(name))
     else:
         b.del_sets.append(t.delete_set(name, is_map=is_map))
@@ -259,8 +260,7 @@ def _diff_sets(
             b.add_sets += [t.flush_set(decl), *t.add_set_elements(name, decl.elements)]
     for name, prev in old.items():
         if name not in new:
-            is_map, verdict = bool(prev.map), prev.map == "verdict"
-            _remove_set(b, t, name, is_map, defer=defer, stale=stale_sets, verdict=verdict)
+            _remove_set(b, t, name, prev.map, defer=defer, stale=stale_sets)
     return redeclared
 
 
@@ -421,8 +421,7 @@ def _full_sets(
     for name, ks in kernel.sets.items():
         decl = desired.get(name)
         if decl is None:
-            is_map, verdict = ks.map is not None, ks.map == "verdict"
-            _remove_set(b, t, name, is_map, defer=defer, stale=stale_sets, verdict=verdict)
+            _remove_set(b, t, name, ks.map, defer=defer, stale=stale_sets)
         elif not _same_declaration(t, decl, ks):
             b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
         elif decl.dynamic:

@@ -200,15 +200,7 @@ class ResyncPlan:
                 _remove_chain(b, t, name, defer=self._defer, stale=fresh.stale_chains)
         for name, ks in listed.sets.items():
             if name not in fresh.sets:
-                _remove_set(
-                    b,
-                    t,
-                    name,
-                    ks.map is not None,
-                    defer=self._defer,
-                    stale=fresh.stale_sets,
-                    verdict=ks.map == "verdict",
-                )
+                _remove_set(b, t, name, ks.map, defer=self._defer, stale=fresh.stale_sets)
         for decl in fresh.sets.values():
             if decl.dynamic or generation_of(decl.name) == fresh.generation:
                 continue

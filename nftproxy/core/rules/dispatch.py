@@ -66,6 +66,7 @@ from nftproxy.core.rules.fragment import NUMGEN_KEY, Chain, Json, Rule, SetDecl
 
 __all__ = [
     "DISPATCH_MAX",
+    "PROTO_PORT",
     "choosers_map",
     "dispatch_chain",
     "dispatch_chains",
@@ -173,7 +174,8 @@ def generation_maps(generations: tuple[str, ...]) -> dict[str, str]:
     return {**endpoints, **choosers}
 
 
-_PROTO_PORT = ("meta l4proto", "th dport")
+PROTO_PORT = ("meta l4proto", "th dport")
+"""The key of service-nodeports and the node-port choosers maps (as set selectors)."""
 
 
 def dispatch_maps(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
@@ -200,7 +202,7 @@ def dispatch_maps(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
                 ),
             ]
     for nodeport in _BOTH:
-        key = _PROTO_PORT if nodeport else (daddr, *_PROTO_PORT)
+        key = PROTO_PORT if nodeport else (daddr, *PROTO_PORT)
         where = "node port" if nodeport else "external IP / LB IP"
         for local in _BOTH:
             which = "local" if local else "cluster"

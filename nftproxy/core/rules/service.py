@@ -217,7 +217,7 @@ def _nodeport_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
     if p.uses_ext_chain and p.shared and port.external_policy_local:
         out += _local_nodeport(p, ctx)
     elif p.uses_ext_chain and p.shared:
-        out += _shared_nodeport(p, ctx)
+        out += _shared_nodeport(p, p.cats.cluster, ext, ctx)
         out.append(Element(sk.MASQUERADE_NODEPORTS, key, None, names.tagged(label, ext)))
     elif p.uses_ext_chain:
         out.append(Element(sk.SERVICE_NODEPORTS, key, Verdict("goto", ext), label))
@@ -285,21 +285,20 @@ def _local_policy_choosers(p: PortPlan) -> list[tuple[bool, tuple[Endpoint, ...]
 
 def _shared_nodeport(
     p: PortPlan,
+    endpoints: tuple[Endpoint, ...],
+    identity: str,
     ctx: RenderContext,
     *,
-    endpoints: tuple[Endpoint, ...] | None = None,
-    identity: str = "",
     table: str = sk.SERVICE_NODEPORTS,
     local: bool = False,
 ) -> list[Element]:
     """The node port's element in `table` (service-nodeports, or an eTP=Local
-    node port's choosers map) to the shared chooser of len(endpoints)
-    (default: its cluster endpoints; comment `identity`, default its
-    KUBE-EXT-<h>), and the elements (node port, i) -> endpoint i it picks from."""
+    node port's choosers map) to the shared chooser of len(endpoints) (its
+    comment names the chain kube-proxy would send it to, `identity`), and
+    the elements (node port, i) -> endpoint i it picks from."""
     port, g = p.port, ctx.generation
-    endpoints = p.cats.cluster if endpoints is None else endpoints
     chooser = dispatch.nodeport_dispatch_chain(port.protocol, g, len(endpoints), local=local)
-    comment = names.tagged(str(port.name), identity or names.external_chain(port.name))
+    comment = names.tagged(str(port.name), identity)
     key = (port.protocol.nft, port.node_port)
     map_name = dispatch.nodeport_endpoints_map(port.protocol, g, local=local)
     return [
@@ -319,9 +318,7 @@ def _local_nodeport(p: PortPlan, ctx: RenderContext) -> list[Element]:
     out = [Element(sk.SERVICE_NODEPORTS, key, ext, names.tagged(label, names.external_chain(spn)))]
     for local, endpoints, identity in _local_policy_choosers(p):
         table = dispatch.choosers_map(g, nodeport=True, local=local)
-        out += _shared_nodeport(
-            p, ctx, endpoints=endpoints, identity=identity, table=table, local=local
-        )
+        out += _shared_nodeport(p, endpoints, identity, ctx, table=table, local=local)
     return out
 
 

@@ -112,7 +112,6 @@ AFFINITY_SIZE = 1 << 20
 """Clients x endpoints the shared affinity set can remember at once (nft's
 default for a dynamic set is 65,535, which kube-proxy's one set per endpoint
 gave each endpoint; the kernel allocates per element, not by this size)."""
-_PROTO_PORT = ("meta l4proto", "th dport")
 _LOOPBACK = {IPFamily.IPV4: "127.0.0.0/8", IPFamily.IPV6: "::1/128"}
 
 
@@ -365,7 +364,8 @@ def _maps_and_sets(
     family: IPFamily, config: ProxyConfig, node: NodeInfo, service_cidrs: tuple[str, ...]
 ) -> tuple[SetDecl, ...]:
     addr = (addr_key(family, "daddr"),)
-    three = (*addr, *_PROTO_PORT)
+    proto_port = dispatch.PROTO_PORT
+    three = (*addr, *proto_port)
     return (
         SetDecl.keyed(
             SERVICE_IPS,
@@ -373,7 +373,7 @@ def _maps_and_sets(
             map="verdict",
             comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
         ),
-        SetDecl.keyed(SERVICE_NODEPORTS, _PROTO_PORT, map="verdict", comment="NodePort traffic"),
+        SetDecl.keyed(SERVICE_NODEPORTS, proto_port, map="verdict", comment="NodePort traffic"),
         SetDecl.keyed(
             NO_ENDPOINT_SERVICES,
             three,
@@ -382,7 +382,7 @@ def _maps_and_sets(
         ),
         SetDecl.keyed(
             NO_ENDPOINT_NODEPORTS,
-            _PROTO_PORT,
+            proto_port,
             map="verdict",
             comment="drop or reject node ports with no endpoints",
         ),
@@ -393,7 +393,7 @@ def _maps_and_sets(
         ),
         SetDecl.keyed(
             MASQUERADE_NODEPORTS,
-            _PROTO_PORT,
+            proto_port,
             comment="node ports of shared choosers: masquerade",
         ),
         SetDecl.keyed(
