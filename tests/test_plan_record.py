@@ -5,6 +5,9 @@ Aspects:
 - the record of a chain is a 16-byte digest, its size and the sets its
   rules reference -- never its rules; a different rule, even only its
   comment, is a different digest and rewrites the chain;
+- an owner's elements are recorded packed, a fraction of their objects'
+  size, and read back exactly as rendered (verdicts, DNAT targets, plain
+  keys, comments);
 - elements go in large batches: a full sync sends one `add element` per set,
   a partial sync of many owners one `add element` and one `delete element`
   per set, however many elements and owners.
@@ -37,7 +40,16 @@ from test_plan import (
 from nftproxy.core.model import LoadBalancerIngress, ServicePort, TrafficPolicy
 from nftproxy.core.nft.plan import SKELETON, Owner, stage_full
 from nftproxy.core.rules import names
-from nftproxy.core.rules.fragment import Fragment, Json, Rule
+from nftproxy.core.rules.fragment import (
+    Element,
+    Fragment,
+    Json,
+    Rule,
+    Target,
+    Verdict,
+    pack_elements,
+    unpack_elements,
+)
 
 
 def test_a_chain_is_recorded_as_a_digest_its_size_and_the_sets_it_uses() -> None:
@@ -52,6 +64,33 @@ def test_a_chain_is_recorded_as_a_digest_its_size_and_the_sets_it_uses() -> None
     assert sum(sys.getsizeof(v) for v in held) < 400  # the rules' JSON alone is > 1 KB
     skeleton_refs = {s for c in SKEL.chains for s in state.chains[c.name].refs}
     assert {"service-ips", "hairpin-endpoints"} <= skeleton_refs
+
+
+def test_an_owners_elements_are_recorded_packed_and_read_back_as_rendered() -> None:
+    rendered = frag(replace(SVC1, node_port=30080), [EP1, EP2])
+    state, _ = table(0, svc1=rendered)
+    record = state.fragments[SVC1.name]
+    assert isinstance(record.packed, bytes)
+    assert record.elements == rendered.elements
+    values = {type(e.value) for e in rendered.elements}
+    assert {Verdict, Target, type(None)} <= values  # every kind of value went through
+    objects = sum(sys.getsizeof(e) + sys.getsizeof(e.key) + sys.getsizeof(e.comment or "")
+                  for e in rendered.elements)
+    assert len(record.packed) < objects / 2
+
+
+def test_packing_keeps_every_field_and_type() -> None:
+    elements = (
+        Element("service-ips", ("10.96.0.10", "tcp", 80), Verdict("goto", "dispatch-2"), "a"),
+        Element("no-endpoint-services", ("fd00::1", "udp", 53), Verdict("drop")),
+        Element("endpoints-tcp-g0-3", (2**40 + 7, 2**31 + 1, 0), Target("fd00::5", 8443)),
+        Element("hairpin-endpoints", ("10.1.0.1", "10.1.0.1")),
+        Element("firewall-allow", ("192.0.2.0/24",), None, "x" * 128),
+    )
+    back = unpack_elements(pack_elements(elements))
+    assert back == elements
+    assert [type(v) for e in back for v in e.key] == [type(v) for e in elements for v in e.key]
+    assert unpack_elements(pack_elements(())) == ()
 
 
 def test_a_rule_that_differs_only_in_its_comment_rewrites_the_chain() -> None:

@@ -31,7 +31,7 @@ are in the owners' fragments.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -102,8 +102,18 @@ class TableState:
     """Which endpoints maps the table's chooser rules pick from (the render's
     `generation`; a chunked resync switches it, core/nft/resync.py)."""
 
-    def adopt(self, owner: Owner, fragment: Fragment | CompactFragment | None) -> None:
-        fragment = compact(fragment) if fragment is not None else None
+    def adopt(self, owner: Owner, fragment: Fragment | None) -> None:
+        """Record `owner`'s freshly rendered fragment (None: it is gone)."""
+        if fragment is None:
+            self.keep(owner, None, ())
+        else:
+            self.keep(owner, compact(fragment), fragment.elements)
+
+    def keep(
+        self, owner: Owner, fragment: CompactFragment | None, elements: Sequence[Element]
+    ) -> None:
+        """Record `fragment` for `owner`; `elements` are its elements as
+        rendered (the index keeps their keys: none is unpacked for it)."""
         old = self.fragments.pop(owner, None)
         if old is not None:
             for c in old.chains:
@@ -117,9 +127,7 @@ class TableState:
                 self.chains[c.name] = c
                 self.rule_count += c.size
             self.sets.update((s.name, s) for s in fragment.sets)
-        self.index.replace(
-            owner, old.elements if old else (), fragment.elements if fragment else ()
-        )
+        self.index.replace(owner, old.elements if old else (), elements)
 
     def take(self, fresh: TableState) -> None:
         """Become `fresh` (a state built for a full sync), keeping identity."""
@@ -402,7 +410,8 @@ def stage_partial(
 
     def record() -> None:
         for owner, change in changes.items():
-            state.adopt(owner, change.new)
+            rendered = change.rendered.elements if change.rendered else ()
+            state.keep(owner, change.new, rendered)
         state.stale_chains, state.stale_sets = stale, stale_sets
 
     counts = {"owners": len(changes), "elements": n_elems}
@@ -456,14 +465,15 @@ def _full_chains(
         _write_chain(b, t, chain, exists=exists)
 
 
-def _add_winners(b: _Batch, state: TableState, skip: Callable[[str], bool] | None = None) -> None:
-    """Add every element the state claims, each once, as its winner rendered
-    it (where an owner rendered a key twice, its last); none of a set `skip`s."""
-    for owner, fragment in state.fragments.items():
-        won = {(e.set_name, e.key): e for e in state.index.won(owner, fragment.elements)}
+def _add_winners(
+    b: _Batch, index: ElementIndex, rendered: Iterable[tuple[Owner, Sequence[Element]]]
+) -> None:
+    """Add each of the `rendered` elements its owner wins in `index`, each
+    once (where an owner rendered a key twice, its last)."""
+    for owner, elements in rendered:
+        won = {(e.set_name, e.key): e for e in index.won(owner, elements)}
         for e in won.values():
-            if skip is None or not skip(e.set_name):
-                b.add_elems.setdefault(e.set_name, []).append(e)
+            b.add_elems.setdefault(e.set_name, []).append(e)
 
 
 def stage_full(
@@ -485,7 +495,7 @@ def stage_full(
     chains = {c.name: c for f in desired.values() for c in f.chains}
     _full_chains(b, t, kernel, chains, fresh.stale_chains, defer_deletes)
     _full_sets(b, t, kernel, fresh.sets, fresh.stale_sets, defer_deletes)
-    _add_winners(b, fresh)
+    _add_winners(b, fresh.index, ((o, f.elements) for o, f in desired.items()))
     commands = b.commands(t)
 
     counts = {"owners": len(desired), "elements": len(fresh.index)}

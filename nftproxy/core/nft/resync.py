@@ -68,7 +68,7 @@ from nftproxy.core.nft.plan import (
     _same_declaration,
     _write_chain,
 )
-from nftproxy.core.rules.fragment import Fragment, SetDecl
+from nftproxy.core.rules.fragment import Element, Fragment, SetDecl
 from nftproxy.core.rules.names import is_affinity_set
 from nftproxy.core.rules.skeleton import (
     MASQUERADE_NODEPORTS,
@@ -166,6 +166,9 @@ class ResyncPlan:
         self._listing = listing or TableListing({}, {})
         self._defer = defer_deletes
         self._fresh = TableState(state.family, state.table, generation=generation)
+        self._final_elements: list[tuple[Owner, list[Element]]] = []
+        """The steps' elements `final` adds (as rendered: the fresh state
+        keeps them packed)."""
 
     def step(self, desired: Mapping[Owner, Fragment], *, first: bool = False) -> Staged:
         """Write the chains of `desired`'s owners, add their unlisted sets
@@ -182,10 +185,15 @@ class ResyncPlan:
                     _add_set(b, t, decl)
             for chain in fragment.chains:
                 _write_chain(b, t, chain, exists=chain.name in listed.chains)
+            later: list[Element] = []
             for e in fragment.elements:
-                if _filled_in_steps(e.set_name) and (e.set_name, e.key) not in added:
+                if not _filled_in_steps(e.set_name):
+                    later.append(e)
+                elif (e.set_name, e.key) not in added:
                     added.add((e.set_name, e.key))
                     b.add_elems.setdefault(e.set_name, []).append(e)
+            if later:
+                self._final_elements.append((owner, later))
         return Staged(b.commands(t), lambda: None, {"owners": len(desired)}, b.declare)
 
     def final(self) -> Staged:
@@ -207,6 +215,6 @@ class ResyncPlan:
             if decl.name in listed.sets:
                 b.flush.append(t.flush_set(decl))
             b.add_sets += t.add_set_elements(decl.name, decl.elements)
-        _add_winners(b, fresh, skip=_filled_in_steps)
+        _add_winners(b, fresh.index, self._final_elements)
         counts = {"owners": len(fresh.fragments), "elements": len(fresh.index)}
         return Staged(b.commands(t), lambda: self._state.take(fresh), counts)
