@@ -335,14 +335,15 @@ def _claims_of(touched: dict[ElemId, _Slot], elem_id: ElemId) -> _Claims:
 
 
 def _touched(changes: Mapping[Owner, _Change]) -> dict[ElemId, _Slot]:
-    """Every element id the changed owners' old and new records name. An id
-    named once, by a new record, stays a bare (owner, element): what a
-    fresh chunk is made of, ~250,000 at 10,000 x 10, without two dicts each."""
+    """Every element id the changed owners' old records and new renders
+    name. An id named once, by a new render, stays a bare (owner, element):
+    what a fresh chunk is made of, ~250,000 at 10,000 x 10, without two
+    dicts each."""
     touched: dict[ElemId, _Slot] = {}
-    for owner, (old, new, _) in changes.items():
+    for owner, (old, _, rendered) in changes.items():
         for e in old.elements if old else ():
             _claims_of(touched, (e.set_name, e.key))[0][owner] = e
-        for e in new.elements if new else ():
+        for e in rendered.elements if rendered else ():
             elem_id = (e.set_name, e.key)
             if elem_id in touched:
                 _claims_of(touched, elem_id)[1][owner] = e
