@@ -47,6 +47,7 @@ from nftproxy.core.rules.fragment import (
     Rule,
     Target,
     Verdict,
+    compact,
     pack_elements,
     unpack_elements,
 )
@@ -77,6 +78,18 @@ def test_an_owners_elements_are_recorded_packed_and_read_back_as_rendered() -> N
     objects = sum(sys.getsizeof(e) + sys.getsizeof(e.key) + sys.getsizeof(e.comment or "")
                   for e in rendered.elements)
     assert len(record.packed) < objects / 2
+
+
+def test_records_of_equal_renders_are_the_same_whatever_the_objects() -> None:
+    rendered = frag(replace(SVC1, node_port=30080), [EP1, EP2])
+    again = Fragment(rendered.family, rendered.chains, rendered.sets, tuple(
+        Element("".join(e.set_name), tuple(e.key), e.value, e.comment and "".join(e.comment))
+        for e in rendered.elements
+    ))
+    assert compact(again).same(compact(rendered))
+    other = replace(rendered, elements=(*rendered.elements[:-1], replace(
+        rendered.elements[-1], comment="another comment")))
+    assert not compact(other).same(compact(rendered))
 
 
 def test_packing_keeps_every_field_and_type() -> None:

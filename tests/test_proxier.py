@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from feed import intake
 from k8s import endpoint_slice, node, service
 from kernel import canonical
 
+from nftproxy.agent import chunked
 from nftproxy.agent.intake import Intake, InvalidField
 from nftproxy.agent.proxier import Proxier
 from nftproxy.agent.report import SyncReport
@@ -38,6 +40,7 @@ from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, NamespacedName
 from nftproxy.core.nft.errors import NftBusy, NftRejected
+from nftproxy.core.rules.fragment import CompactFragment, Fragment, compact
 from nftproxy.kernel.fake import FakeBackend
 
 NODE = "node-a"
@@ -430,6 +433,36 @@ def test_the_heap_policy_brackets_build_and_commit_and_settles_after_the_hooks(
         ("building", False), ("built, commits", 1), ("hook", False), ("settled", False),
         ("building", False), ("built, commits", 1),  # sent, refused: nothing settles
     ]
+
+
+def test_a_chunked_full_syncs_records_are_made_beside_its_render(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk's owners are compacted (chains digested, elements packed) in
+    the render-ahead thread, not by the staging that holds the GIL while
+    the kernel takes the chunk before; first start and resync alike."""
+    made: list[str] = []
+
+    def compact_noting(fragment: Fragment) -> CompactFragment:
+        made.append(threading.current_thread().name)
+        return compact(fragment)
+
+    monkeypatch.setattr(chunked, "compact", compact_noting)
+    objects = []
+    for i in range(6):
+        objects += [service(f"s{i}", f"10.96.1.{i + 1}"),
+                    endpoint_slice(f"s{i}", [(f"10.244.0.{i + 1}", NODE)])]
+    with started(Snapshots()) as backend:
+        proxier = Proxier(CONFIG, backend, clock=clock, fresh_chunk=2)
+        listed(proxier, *objects)
+        proxier.sync()
+        assert len(made) == 6 and all(n.startswith("render-ahead") for n in made)
+        records = dict(proxier.table_state(IPFamily.IPV4).fragments)
+        made.clear()
+        proxier.request_full_sync()
+        proxier.sync()
+        assert len(made) == 6 and all(n.startswith("render-ahead") for n in made)
+        assert proxier.table_state(IPFamily.IPV4).fragments.keys() == records.keys()
 
 
 def test_plan_full_never_touches_the_kernel(backend: Recording) -> None:

@@ -21,7 +21,9 @@ committed (a chunk onto absent tables diffs against what the previous one
 recorded). Its render, which depends on nothing committed, runs one step
 ahead in a thread of its own (`_rendered_ahead`): libnftables runs with the
 GIL released (ctypes), so while the kernel takes one chunk the next is
-rendered on another core.
+rendered on another core -- and compacted there too (`Records`: each
+owner's record, its chains' digests and its elements packed), which the
+staging would otherwise do beside it, holding the GIL.
 """
 
 from __future__ import annotations
@@ -36,17 +38,20 @@ from nftproxy.agent.report import SyncInput
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.listing import TableListing
-from nftproxy.core.nft.plan import SKELETON, Staged, TableState
+from nftproxy.core.nft.plan import SKELETON, Owner, Staged, TableState
 from nftproxy.core.nft.resync import ResyncPlan, resyncable
 from nftproxy.core.render import RenderedFamily, chunks, render_fresh
+from nftproxy.core.rules.fragment import CompactFragment, compact
 from nftproxy.core.rules.skeleton import GENERATIONS, endpoints_generation
 
-__all__ = ["Chunked", "Step", "run_steps"]
+__all__ = ["Chunked", "Records", "Step", "run_steps"]
 
 T = TypeVar("T")
 
 Rendered = Mapping[IPFamily, RenderedFamily]
 Listings = Mapping[IPFamily, TableListing | None]
+Records = Mapping[IPFamily, Mapping[Owner, CompactFragment]]
+"""The compact records of a render's fragments, made with it."""
 Step = tuple[Mapping[IPFamily, Staged], Rendered]
 """One transaction of both families, and the renders it came from (for the
 no-local tallies; empty for the final step of a resync)."""
@@ -62,7 +67,7 @@ class Chunked:
     config: ProxyConfig
     min_endpoints: int
     tables: Mapping[IPFamily, TableState]
-    stage: Callable[[Rendered, Listings], dict[IPFamily, Staged]]
+    stage: Callable[[Rendered, Listings, Records], dict[IPFamily, Staged]]
     typeof: bool = False
     defer_deletes: bool = False
 
@@ -75,9 +80,9 @@ class Chunked:
 
     def _renders(
         self, snapshot: SyncInput, generation: str
-    ) -> Iterator[dict[IPFamily, RenderedFamily]]:
+    ) -> Iterator[tuple[Rendered, Records]]:
         states = {f: inp.state for f, inp in snapshot.families.items()}
-        return render_fresh(
+        renders = render_fresh(
             states,
             self.config,
             snapshot.node,
@@ -85,14 +90,15 @@ class Chunked:
             self.min_endpoints,
             generation,
         )
+        return ((rendered, _records(rendered)) for rendered in renders)
 
     def _fresh(self, snapshot: SyncInput) -> Generator[Step, None, None]:
         absent: dict[IPFamily, TableListing | None] = {f: None for f in snapshot.families}
         generations = {self.tables[f].generation for f in snapshot.families}
         renders = self._renders(snapshot, min(generations, default=GENERATIONS[0]))
         with closing(_rendered_ahead(renders)) as ahead:
-            for rendered in ahead:
-                yield self.stage(rendered, absent), rendered
+            for rendered, records in ahead:
+                yield self.stage(rendered, absent, records), rendered
 
     def _resync(
         self, snapshot: SyncInput, listings: Listings
@@ -104,7 +110,7 @@ class Chunked:
         if generation is None:
             return None
         renders = self._renders(snapshot, generation)
-        skeletons = next(renders)
+        skeletons, _ = next(renders)
         for family, r in skeletons.items():
             listing = listings.get(family)
             self.tables[family].use_typeof(self.typeof)
@@ -151,13 +157,25 @@ def _next_generation(listings: Listings) -> str | None:
 def _resync_steps(
     plans: Mapping[IPFamily, ResyncPlan],
     skeletons: Rendered,
-    rest: Generator[Rendered, None, None],
+    rest: Generator[tuple[Rendered, Records], None, None],
 ) -> Generator[Step, None, None]:
     yield {f: plans[f].step(r.desired(), first=True) for f, r in skeletons.items()}, skeletons
     with closing(rest):
-        for rendered in rest:
-            yield {f: plans[f].step(r.desired()) for f, r in rendered.items()}, rendered
+        for rendered, records in rest:
+            yield {
+                f: plans[f].step(r.desired(), records=records.get(f)) for f, r in rendered.items()
+            }, rendered
     yield {f: plan.final() for f, plan in plans.items()}, {}
+
+
+def _records(rendered: Rendered) -> Records:
+    """The compact record of each fragment of a chunk of ports (none of a
+    skeleton's render: `stage_full` records it)."""
+    return {
+        f: {owner: compact(fragment) for owner, fragment in r.fragments.items() if fragment}
+        for f, r in rendered.items()
+        if not r.full
+    }
 
 
 def run_steps(

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from nftproxy.agent.chunked import Chunked, Step, run_steps
+from nftproxy.agent.chunked import Chunked, Records, Step, run_steps
 from nftproxy.agent.drift import DriftWatch, drift_reason
 from nftproxy.agent.heap import HeapPolicy, NoHeapPolicy
 from nftproxy.agent.report import (
@@ -375,8 +375,10 @@ class Proxier:
         self,
         rendered: Mapping[IPFamily, RenderedFamily],
         listings: Mapping[IPFamily, TableListing | None],
+        records: Records | None = None,
     ) -> dict[IPFamily, Staged]:
-        """Step 4 (pure): the transaction of each family."""
+        """Step 4 (pure): the transaction of each family; `records`: the
+        fragments' compact records where already made."""
         out: dict[IPFamily, Staged] = {}
         typeof = self.backend.accepts_typeof()
         for family, r in rendered.items():
@@ -390,7 +392,12 @@ class Proxier:
                     defer_deletes=self._defer_deletes,
                 )
             else:
-                out[family] = stage_partial(table, r.fragments, defer_deletes=self._defer_deletes)
+                out[family] = stage_partial(
+                    table,
+                    r.fragments,
+                    records=records.get(family) if records else None,
+                    defer_deletes=self._defer_deletes,
+                )
         return out
 
     def _commit(

@@ -102,12 +102,15 @@ class TableState:
     """Which endpoints maps the table's chooser rules pick from (the render's
     `generation`; a chunked resync switches it, core/nft/resync.py)."""
 
-    def adopt(self, owner: Owner, fragment: Fragment | None) -> None:
-        """Record `owner`'s freshly rendered fragment (None: it is gone)."""
+    def adopt(
+        self, owner: Owner, fragment: Fragment | None, record: CompactFragment | None = None
+    ) -> None:
+        """Record `owner`'s freshly rendered fragment (None: it is gone);
+        `record`: its compact form, if already made."""
         if fragment is None:
             self.keep(owner, None, ())
         else:
-            self.keep(owner, compact(fragment), fragment.elements)
+            self.keep(owner, record or compact(fragment), fragment.elements)
 
     def keep(
         self, owner: Owner, fragment: CompactFragment | None, elements: Sequence[Element]
@@ -272,6 +275,12 @@ def _diff_sets(
     return redeclared
 
 
+def _changed(old: CompactFragment | None, new: CompactFragment | None) -> bool:
+    if old is None or new is None:
+        return old is not new
+    return not old.same(new)
+
+
 class _Change(NamedTuple):
     """One owner's change: its record, its new record, and the fresh render
     the commands come from (None: the owner is gone)."""
@@ -383,15 +392,18 @@ def stage_partial(
     state: TableState,
     desired: Mapping[Owner, Fragment | None],
     *,
+    records: Mapping[Owner, CompactFragment] | None = None,
     defer_deletes: bool = False,
 ) -> Staged:
     """Plan the changes of the owners in `desired` (freshly rendered; None =
-    owner gone)."""
+    owner gone); `records`: compact forms of some of them, already made
+    (a full sync's chunks are compacted as they are rendered)."""
     changes: dict[Owner, _Change] = {}
+    made = records or {}
     for owner, fragment in desired.items():
-        new = compact(fragment) if fragment is not None else None
+        new = None if fragment is None else made.get(owner) or compact(fragment)
         old = state.fragments.get(owner)
-        if old != new:
+        if _changed(old, new):
             changes[owner] = _Change(old, new, fragment)
     b = _Batch()
     stale, stale_sets = set(state.stale_chains), dict(state.stale_sets)

@@ -68,7 +68,7 @@ from nftproxy.core.nft.plan import (
     _same_declaration,
     _write_chain,
 )
-from nftproxy.core.rules.fragment import Element, Fragment, SetDecl
+from nftproxy.core.rules.fragment import CompactFragment, Element, Fragment, SetDecl
 from nftproxy.core.rules.names import is_affinity_set
 from nftproxy.core.rules.skeleton import (
     MASQUERADE_NODEPORTS,
@@ -170,16 +170,24 @@ class ResyncPlan:
         """The steps' elements `final` adds (as rendered: the fresh state
         keeps them packed)."""
 
-    def step(self, desired: Mapping[Owner, Fragment], *, first: bool = False) -> Staged:
+    def step(
+        self,
+        desired: Mapping[Owner, Fragment],
+        *,
+        first: bool = False,
+        records: Mapping[Owner, CompactFragment] | None = None,
+    ) -> Staged:
         """Write the chains of `desired`'s owners, add their unlisted sets
         (empty) and their elements of the new generation's endpoints maps
         and hairpin set (each key once; re-adding a hairpin element another
-        step added is a no-op); `first` adds the table too."""
+        step added is a no-op); `first` adds the table too. `records`:
+        compact forms of some owners, already made."""
         t, listed = self._state.table, self._listing
         b = _Batch(head=[t.add_table()] if first else [])
         added: set[tuple[str, object]] = set()
+        made = records or {}
         for owner, fragment in desired.items():
-            self._fresh.adopt(owner, fragment)
+            self._fresh.adopt(owner, fragment, made.get(owner))
             for decl in fragment.sets:
                 if decl.name not in listed.sets:
                     _add_set(b, t, decl)

@@ -249,6 +249,14 @@ class CompactFragment:
     def elements(self) -> tuple[Element, ...]:
         return unpack_elements(self.packed)
 
+    def same(self, other: CompactFragment) -> bool:
+        """The same record: equal packed bytes, or (packed from elements of
+        other identities: marshal's back-references follow object identity)
+        equal elements."""
+        if (self.family, self.chains, self.sets) != (other.family, other.chains, other.sets):
+            return False
+        return self.packed == other.packed or self.elements == other.elements
+
     def chain_names(self) -> frozenset[str]:
         return frozenset(c.name for c in self.chains)
 
