@@ -15,6 +15,7 @@ Aspects:
 
 from __future__ import annotations
 
+import marshal
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from nftproxy.core.model import LoadBalancerIngress, ServicePort, TrafficPolicy
 from nftproxy.core.nft.plan import SKELETON, Owner, stage_full
 from nftproxy.core.rules import names
 from nftproxy.core.rules.fragment import (
+    COMPRESS_FROM,
     Element,
     Fragment,
     Json,
@@ -104,6 +106,20 @@ def test_packing_keeps_every_field_and_type() -> None:
     assert back == elements
     assert [type(v) for e in back for v in e.key] == [type(v) for e in elements for v in e.key]
     assert unpack_elements(pack_elements(())) == ()
+
+
+def test_a_large_record_is_compressed_and_reads_back_the_same() -> None:
+    elements = tuple(
+        Element("endpoints-tcp-a-3", ("10.96.0.10", 80, i), Target(f"10.244.0.{i}", 8080),
+                f"ns/web:http -> 10.244.0.{i}:8080 KUBE-SEP-{i:016d}")
+        for i in range(40)
+    )
+    small = elements[:2]
+    big_packed, small_packed = pack_elements(elements), pack_elements(small)
+    assert unpack_elements(big_packed) == elements and unpack_elements(small_packed) == small
+    assert len(small_packed) < COMPRESS_FROM < len(marshal.dumps([e.comment for e in elements]))
+    assert len(big_packed) < COMPRESS_FROM  # 40 elements in less than 1 KB
+    assert pack_elements(elements) == big_packed  # deterministic: records compare by bytes
 
 
 def test_a_rule_that_differs_only_in_its_comment_rewrites_the_chain() -> None:
