@@ -22,11 +22,12 @@ Command order inside one transaction (docs/nft-python-notes.md §2):
 Affinity sets are dynamic (filled by the datapath): added idempotently, never
 flushed, so a resync keeps every client's affinity.
 
-The state is lean (`CompactFragment`): per chain a digest, no rules. Every
-rule a transaction adds comes from the freshly rendered fragments handed in;
-the state only decides what changed and what to delete. Its element index
-(claims.py) records who claims each shared-set key, not the elements: those
-are in the owners' fragments.
+The state is lean (`CompactFragment`): per chain a digest, no rules; per
+owner its elements packed, unpacked only for an owner that changes. Every
+rule and element a transaction adds comes from the freshly rendered
+fragments handed in; the state only decides what changed and what to
+delete. Its element index (claims.py) records who claims each shared-set
+key, not the elements: those are in the owners' records.
 """
 
 from __future__ import annotations
