@@ -114,10 +114,15 @@ class TableState:
             self.keep(owner, record or compact(fragment), fragment.elements)
 
     def keep(
-        self, owner: Owner, fragment: CompactFragment | None, elements: Sequence[Element]
+        self,
+        owner: Owner,
+        fragment: CompactFragment | None,
+        elements: Sequence[Element],
+        old_elements: Sequence[Element] | None = None,
     ) -> None:
         """Record `fragment` for `owner`; `elements` are its elements as
-        rendered (the index keeps their keys: none is unpacked for it)."""
+        rendered (the index keeps their keys: none is unpacked for it),
+        `old_elements` those of its record, if already unpacked."""
         old = self.fragments.pop(owner, None)
         if old is not None:
             for c in old.chains:
@@ -131,7 +136,9 @@ class TableState:
                 self.chains[c.name] = c
                 self.rule_count += c.size
             self.sets.update((s.name, s) for s in fragment.sets)
-        self.index.replace(owner, old.elements if old else (), elements)
+        if old_elements is None:
+            old_elements = old.elements if old else ()
+        self.index.replace(owner, old_elements, elements)
 
     def take(self, fresh: TableState) -> None:
         """Become `fresh` (a state built for a full sync), keeping identity."""
@@ -283,12 +290,14 @@ def _changed(old: CompactFragment | None, new: CompactFragment | None) -> bool:
 
 
 class _Change(NamedTuple):
-    """One owner's change: its record, its new record, and the fresh render
-    the commands come from (None: the owner is gone)."""
+    """One owner's change: its record, its new record, the fresh render the
+    commands come from (None: the owner is gone), and its record's
+    elements, unpacked once."""
 
     old: CompactFragment | None
     new: CompactFragment | None
     rendered: Fragment | None
+    old_elements: tuple[Element, ...] = ()
 
 
 def _diff_chains(
@@ -350,8 +359,8 @@ def _touched(changes: Mapping[Owner, _Change]) -> dict[ElemId, _Slot]:
     what a fresh chunk is made of, ~250,000 at 10,000 x 10, without two
     dicts each."""
     touched: dict[ElemId, _Slot] = {}
-    for owner, (old, _, rendered) in changes.items():
-        for e in old.elements if old else ():
+    for owner, (_, _, rendered, old_elements) in changes.items():
+        for e in old_elements:
             _claims_of(touched, (e.set_name, e.key))[0][owner] = e
         for e in rendered.elements if rendered else ():
             elem_id = (e.set_name, e.key)
@@ -405,7 +414,7 @@ def stage_partial(
         new = None if fragment is None else made.get(owner) or compact(fragment)
         old = state.fragments.get(owner)
         if _changed(old, new):
-            changes[owner] = _Change(old, new, fragment)
+            changes[owner] = _Change(old, new, fragment, old.elements if old else ())
     b = _Batch()
     stale, stale_sets = set(state.stale_chains), dict(state.stale_sets)
     for change in changes.values():
@@ -425,7 +434,7 @@ def stage_partial(
     def record() -> None:
         for owner, change in changes.items():
             rendered = change.rendered.elements if change.rendered else ()
-            state.keep(owner, change.new, rendered)
+            state.keep(owner, change.new, rendered, change.old_elements)
         state.stale_chains, state.stale_sets = stale, stale_sets
 
     counts = {"owners": len(changes), "elements": n_elems}
