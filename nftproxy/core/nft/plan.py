@@ -283,12 +283,6 @@ def _diff_sets(
     return redeclared
 
 
-def _changed(old: CompactFragment | None, new: CompactFragment | None) -> bool:
-    if old is None or new is None:
-        return old is not new
-    return not old.same(new)
-
-
 class _Change(NamedTuple):
     """One owner's change: its record, its new record, the fresh render the
     commands come from (None: the owner is gone), and its record's
@@ -413,7 +407,7 @@ def stage_partial(
     for owner, fragment in desired.items():
         new = None if fragment is None else made.get(owner) or compact(fragment)
         old = state.fragments.get(owner)
-        if _changed(old, new):
+        if old != new:
             changes[owner] = _Change(old, new, fragment, old.elements if old else ())
     b = _Batch()
     stale, stale_sets = set(state.stale_chains), dict(state.stale_sets)

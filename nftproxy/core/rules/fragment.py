@@ -240,7 +240,12 @@ class CompactFragment:
     """A Fragment whose chains are CompactChains (see there), its sets as
     rendered, and its elements packed (`pack_elements`): the planner reads
     them back (`elements`) only for an owner that changes, or to hand a
-    contested key to its next claimant."""
+    contested key to its next claimant. Records compare by value, so by
+    the packed bytes: equal renders pack equal (the renderers are
+    deterministic); were two equal renders ever to share objects
+    differently (marshal's back-references follow object identity), they
+    would read as a change whose diff is empty -- no command, never a
+    wrong one."""
 
     family: IPFamily
     chains: tuple[CompactChain, ...] = ()
@@ -250,16 +255,6 @@ class CompactFragment:
     @property
     def elements(self) -> tuple[Element, ...]:
         return unpack_elements(self.packed)
-
-    def same(self, other: CompactFragment) -> bool:
-        """The same record, by its packed bytes: equal renders pack equal
-        (the renderers are deterministic). Were two equal renders ever to
-        share objects differently (marshal's back-references follow object
-        identity), they would read as a change whose diff is empty: no
-        command, never a wrong one."""
-        return (self.family, self.chains, self.sets, self.packed) == (
-            other.family, other.chains, other.sets, other.packed
-        )
 
     def chain_names(self) -> frozenset[str]:
         return frozenset(c.name for c in self.chains)
