@@ -11,6 +11,13 @@ Aspects:
   without keyUsage, and KubeSource still lists from a server whose CA has
   no keyUsage, through a kubeconfig with a client certificate the server
   requires, and through the in-cluster service account (token);
+- the CA and the client certificate are loaded into the context once:
+  urllib3 is given no file to load per connection, and many threads
+  connecting at once with a client certificate do not crash the process
+  (urllib3 used to reload the certificate into the shared SSL_CTX for
+  every connection, racing the other threads' handshakes: a segfault);
+- a CA or client certificate that cannot be loaded is one clear error
+  naming the file, when the client is built;
 - a wrong CA or a 401: ONE ERROR log line with the cause however many
   retries, nftproxy_api_errors_total{reason="tls"|"unauthorized"}, and
   /healthz 503 saying why once it lasted 2 x syncPeriod; all clear once
@@ -25,7 +32,10 @@ import datetime
 import ipaddress
 import json
 import logging
+import re
 import ssl
+import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -248,16 +258,79 @@ def test_the_strict_simulation_rejects_a_ca_without_key_usage(
             "GET", f"{tls_api.url}/api")
 
 
+def _client_cert_server(pki: Pki) -> FakeApiServer:
+    """A server that requires a client certificate signed by the CA."""
+    return FakeApiServer(tls=ServerTls(pki.server.cert_file, pki.server.key_file,
+                                       pki.server.ca_file, client_ca_file=str(pki.ca)))
+
+
 def test_lists_from_a_ca_without_key_usage_with_a_client_certificate(
     pki: Pki, tmp_path: Path, strict_default: None
 ) -> None:
-    tls = ServerTls(pki.server.cert_file, pki.server.key_file, pki.server.ca_file,
-                    client_ca_file=str(pki.ca))
-    with FakeApiServer(tls=tls) as api:
+    with _client_cert_server(pki) as api:
         api.create(service("web", "10.96.0.10"))
         path = kubeconfig(tmp_path / "kc", api.url, pki.ca, cert=pki.client_cert,
                           key=pki.client_key)
         _lists_web(from_config(path))
+
+
+def test_the_credentials_are_loaded_once_not_per_connection(pki: Pki, tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443", pki.ca, cert=pki.client_cert,
+                      key=pki.client_key)
+    client = from_config(path)
+    pool_kw = client.rest_client.pool_manager.connection_pool_kw
+    assert not {k: v for k, v in pool_kw.items()
+                if k in ("ca_certs", "ca_cert_data", "cert_file", "key_file") and v}
+    assert _context(client).cert_store_stats()["x509_ca"] == 1
+
+
+# Many threads, each opening a new TLS connection per request (the server
+# closes it), through one client: as the informers and the Event recorder do.
+_CONNECT_AT_ONCE = """
+import sys, threading
+from nftproxy.cluster.kube import from_config
+
+path, url, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pool = from_config(path).rest_client.pool_manager
+failures = []
+
+def connect():
+    for _ in range(rounds):
+        r = pool.request("GET", url + "/api/v1/services", retries=False,
+                         headers={"Connection": "close"})
+        if r.status != 200:
+            failures.append(r.status)
+
+threads = [threading.Thread(target=connect) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(len(failures), "failures")
+"""
+
+
+def test_many_connections_at_once_with_a_client_certificate(pki: Pki, tmp_path: Path) -> None:
+    """A client in its own process: a crash is its exit status, not the suite's."""
+    with _client_cert_server(pki) as api:
+        path = kubeconfig(tmp_path / "kc", api.url, pki.ca, cert=pki.client_cert,
+                          key=pki.client_key)
+        run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CONNECT_AT_ONCE,
+                              path, api.url, "60"],
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert (run.returncode, run.stdout.strip()) == (0, "0 failures"), run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("broken", ["CA", "client certificate"])
+def test_unloadable_credentials_are_one_clear_error(pki: Pki, tmp_path: Path,
+                                                     broken: str) -> None:
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    ca, cert = (garbage, pki.client_cert) if broken == "CA" else (pki.ca, garbage)
+    path = kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443", ca, cert=cert,
+                      key=pki.client_key)
+    with pytest.raises(ValueError, match=re.escape(f"cannot load the {broken} {garbage}")):
+        from_config(path)
 
 
 def test_lists_from_a_ca_without_key_usage_in_cluster(

@@ -137,13 +137,24 @@ def from_config(kubeconfig: str | None = None) -> Any:
     return _client(configuration)
 
 
+_LOADED_INTO_CONTEXT = ("ca_certs", "ca_cert_data", "cert_file", "key_file")
+"""The pool keywords that would make urllib3 load files into the context per connection."""
+
+
 def _client(configuration: Any) -> Any:
     """The one place an ApiClient is built: its urllib3 pool verifies TLS
-    with `tls_context(configuration)` (the configured CA, client
-    certificate and key are still loaded by urllib3 into that context)."""
+    with `tls_context(configuration)`, which holds the configured CA, client
+    certificate and key. urllib3 is not given their files: it would load
+    them into the shared context again for every new connection, and
+    OpenSSL's SSL_CTX is not safe to change while other threads handshake
+    with it (the informers connect at once; with a client certificate that
+    crashed the process)."""
     client = k8s.ApiClient(configuration=configuration)
     # pools are made lazily, from these keywords: every connection uses the context
-    client.rest_client.pool_manager.connection_pool_kw["ssl_context"] = tls_context(configuration)
+    pool_kw = client.rest_client.pool_manager.connection_pool_kw
+    pool_kw["ssl_context"] = tls_context(configuration)
+    for loaded in _LOADED_INTO_CONTEXT:
+        pool_kw.pop(loaded, None)
     return client
 
 
@@ -156,15 +167,36 @@ def tls_context(configuration: Any) -> ssl.SSLContext:
     (common in self-made cluster CAs) that kube-proxy accepts. With
     VERIFY_X509_PARTIAL_CHAIN: Go trusts any certificate in its root pool,
     an intermediate CA included, as this flag does. insecure-skip-tls-verify
-    (verify_ssl False) verifies nothing, as before."""
+    (verify_ssl False) verifies nothing, as before. The CA and the client
+    certificate and key are loaded here, once (see `_client`); files that
+    cannot be loaded raise ValueError naming them."""
     verify = bool(configuration.verify_ssl)
     context = create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED if verify else ssl.CERT_NONE)
     context.verify_flags = (
         context.verify_flags & ~ssl.VERIFY_X509_STRICT
     ) | ssl.VERIFY_X509_PARTIAL_CHAIN
-    if verify and not (configuration.ssl_ca_cert or getattr(configuration, "ca_cert_data", None)):
-        context.load_default_certs()  # urllib3 loads them only into its own contexts
+    if verify:
+        _load_ca(context, configuration)
+    if configuration.cert_file:
+        try:
+            context.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot load the client certificate {configuration.cert_file} "
+                             f"and key {configuration.key_file}: {exc}") from exc
     return context
+
+
+def _load_ca(context: ssl.SSLContext, configuration: Any) -> None:
+    """The configured CA (file or data), else the system's."""
+    ca_file = configuration.ssl_ca_cert or None
+    ca_data = getattr(configuration, "ca_cert_data", None) or None
+    if not (ca_file or ca_data):
+        context.load_default_certs()  # urllib3 loads them only into its own contexts
+        return
+    try:
+        context.load_verify_locations(cafile=ca_file, cadata=ca_data)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the CA {ca_file or '(data)'}: {exc}") from exc
 
 
 # -- the source -----------------------------------------------------------------------
