@@ -156,6 +156,33 @@ def test_agent_converges_after_a_burst_with_a_410_and_a_dropped_connection(
         agent.stop()
 
 
+def test_a_slice_deleted_in_an_outage_leaves_the_kernel_after_the_relist(
+    api: FakeApiServer,
+) -> None:
+    """The relist finds the slice gone: the proxier is told with what the
+    informer kept of it (its metadata only) and drops its endpoints."""
+    for name, ip, ep in (("web", "10.96.0.10", "10.244.0.5"), ("db", "10.96.0.11", "10.244.0.6")):
+        api.create(service(name, ip))
+        api.create(endpoint_slice(name, [(ep, NODE)], family="IPv4"))
+    backend = FakeBackend()
+    sources: list[KubeSource] = []
+    agent = _agent(api, backend, sources)
+    agent.start()
+    try:
+        assert agent.synced.wait(30), "no first sync"
+        _wait(lambda: _listing(backend) == _expected(api))
+        before = _listing(backend)
+        api.stop()
+        api.delete("EndpointSlice", "web-ipv4", "ns")  # no watch sees it
+        api.start(forget_history=True)  # the watch's resourceVersion is gone: a relist
+        expected = _expected(api)
+        assert expected != before
+        _wait(lambda: _listing(backend) == expected)
+        assert sources[0].stats["endpointslices"].lists == 2
+    finally:
+        agent.stop()
+
+
 def test_nothing_is_programmed_before_both_lists_complete(api: FakeApiServer) -> None:
     api.create(service("web", "10.96.0.10"))
     api.create(endpoint_slice("web", ["10.244.0.2"]))

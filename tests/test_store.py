@@ -5,7 +5,10 @@ surrogates included) and packs ASCII bytes; equal objects built in
 different key orders pack equal, different ones do not; the store keeps
 bytes and its view is a read-only Mapping that decodes on access and
 follows the store; `difference` gives deletes, adds and only real updates;
-`Changes` decodes its pairs when read (index, slice, iteration).
+`Changes` decodes its pairs when read (index, slice, iteration); a
+metadata-only store (EndpointSlices) keeps a digest and the head (kind,
+apiVersion, metadata), a fraction of the object, still tells a change by its
+bytes, and gives the head back as the previous object.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nftproxy.cluster.store import Changes, PackedStore, difference, pack, unpack
+from nftproxy.cluster.store import Changes, PackedStore, difference, head, pack, unpack
 
 
 def service(name: str, port: int = 80, **labels: str) -> dict[str, Any]:
@@ -37,11 +40,29 @@ def reversed_keys(obj: Any) -> Any:
     return obj
 
 
-def store_of(*objs: dict[str, Any]) -> PackedStore:
-    store = PackedStore()
+def endpoint_slice(name: str, endpoints: int = 10, first: int = 0) -> dict[str, Any]:
+    return {
+        "kind": "EndpointSlice",
+        "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}",
+                     "labels": {"kubernetes.io/service-name": name[:-6]}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [f"10.128.0.{first + i}"], "conditions": {"ready": True},
+                       "nodeName": f"node-{i}"} for i in range(endpoints)],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }
+
+
+def store_of(*objs: dict[str, Any], metadata_only: bool = False) -> PackedStore:
+    store = PackedStore(metadata_only=metadata_only)
     for obj in objs:
-        store.put(obj["metadata"]["name"], pack(obj))
+        store.put(obj["metadata"]["name"], store.value(obj, pack(obj)))
     return store
+
+
+def packed_of(*objs: dict[str, Any]) -> dict[str, bytes]:
+    """A list's packed objects by key (`difference`'s `current`)."""
+    return {obj["metadata"]["name"]: pack(obj) for obj in objs}
 
 
 # -- pack / unpack -----------------------------------------------------------------------
@@ -73,7 +94,7 @@ def test_equal_objects_in_different_key_orders_pack_equal() -> None:
 # -- the store and its view --------------------------------------------------------------
 
 
-def test_the_store_keeps_bytes_and_returns_what_it_replaced() -> None:
+def test_the_store_keeps_the_packed_bytes_and_returns_what_it_replaced() -> None:
     store = PackedStore()
     assert store.put("a", pack(service("a"))) is None
     assert store.put("a", pack(service("a", port=81))) == pack(service("a"))
@@ -114,18 +135,49 @@ def test_the_view_is_a_read_only_mapping_that_decodes_on_access() -> None:
 
 def test_difference_is_deletes_adds_and_only_real_updates() -> None:
     old = store_of(service("gone"), service("same"), service("reordered"), service("changed"))
-    new = store_of(
-        service("same"), reversed_keys(service("reordered")), service("changed", port=8080),
-        service("added"),
-    )
-    assert list(difference(old, new)) == [
+    listed = (service("same"), reversed_keys(service("reordered")),
+              service("changed", port=8080), service("added"))
+    new = store_of(*listed)
+    assert list(difference(old, new, packed_of(*listed))) == [
         (service("gone"), None),
         (service("changed"), service("changed", port=8080)),
         (None, service("added")),
     ]
-    assert list(difference(new, new)) == []
-    assert list(difference(old, PackedStore())) == [(service(n), None) for n in
-                                                    ("gone", "same", "reordered", "changed")]
+    assert list(difference(new, new, packed_of(*listed))) == []
+    assert list(difference(old, PackedStore(), {})) == [(service(n), None) for n in
+                                                        ("gone", "same", "reordered", "changed")]
+
+
+# -- a metadata-only store ---------------------------------------------------------------
+
+
+def test_a_metadata_only_store_keeps_a_digest_and_the_head() -> None:
+    obj = endpoint_slice("web-ipv4")
+    store = store_of(obj, metadata_only=True)
+    value = store.packed("web-ipv4")
+    assert value is not None
+    assert len(value) < len(pack(obj)) / 4  # ~1 KB packed, its head ~200 bytes
+    assert store.kept(value) == pack(head(obj))
+    assert head(obj) == {k: obj[k] for k in ("kind", "apiVersion", "metadata")}
+    assert store.view["web-ipv4"] == head(obj)
+    # equal objects, equal values; any change to the object, a different value
+    assert store.value(reversed_keys(obj), pack(reversed_keys(obj))) == value
+    moved = endpoint_slice("web-ipv4", first=1)
+    assert head(moved) == head(obj)
+    assert store.value(moved, pack(moved)) != value
+    assert PackedStore().value(obj, pack(obj)) == pack(obj)  # a full store keeps it all
+
+
+def test_the_difference_of_metadata_only_stores_is_heads_before_and_objects_after() -> None:
+    gone, same, moved = (endpoint_slice(f"{n}-ipv4") for n in ("gone", "same", "moved"))
+    listed = (same, endpoint_slice("moved-ipv4", first=5), endpoint_slice("added-ipv4"))
+    old = store_of(gone, same, moved, metadata_only=True)
+    new = store_of(*listed, metadata_only=True)
+    assert list(difference(old, new, packed_of(*listed))) == [
+        (head(gone), None),
+        (head(moved), listed[1]),
+        (None, listed[2]),
+    ]
 
 
 def test_changes_decode_their_pairs_when_read() -> None:

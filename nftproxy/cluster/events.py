@@ -22,7 +22,9 @@ class ClusterEvents(Protocol):
         """Add (previous None), update, or delete (current None) of a v1 Service."""
 
     def on_endpoint_slice(self, previous: Obj | None, current: Obj | None) -> None:
-        """Add, update or delete of a discovery.k8s.io/v1 EndpointSlice."""
+        """Add, update or delete of a discovery.k8s.io/v1 EndpointSlice.
+        `previous` may be only its kind, apiVersion and metadata (the API
+        source keeps no more of a slice: cluster/store.py)."""
 
     def on_node(self, node: Obj | None) -> None:
         """This node's v1 Node object changed (None: deleted or not found)."""

@@ -42,7 +42,8 @@ managedFields, no resourceVersion); status is dropped except Service
 `status.loadBalancer` and Node `status.addresses`. So a status heartbeat or
 a label-free metadata touch is not delivered as an update. `previous` in
 on_service/on_endpoint_slice always equals the object this source
-delivered last for that key.
+delivered last for that key (for a metadata-only resource, EndpointSlices:
+its kind, apiVersion and metadata).
 
 The store keeps each stripped object packed as canonical JSON bytes
 (cluster/store.py: ~17 MB instead of ~86 MB as dicts at 10,000 Services x
@@ -189,6 +190,7 @@ class Resource:
     label_selector: str | None = None
     field_selector: str | None = None
     optional: bool = False  # 404 means "not served", not an error
+    metadata_only: bool = False  # the store keeps a digest and the metadata (store.py)
 
 
 class Deliver(Protocol):
@@ -247,7 +249,7 @@ class Informer:
         self.not_served_retry = not_served_retry
         self.log = log
         self.stats = ResourceStats(res.name)
-        self.store = PackedStore()
+        self.store = PackedStore(metadata_only=res.metadata_only)
         self._lock = threading.Lock()
         self._response: Any = None
         self.retry = Retry(
@@ -327,16 +329,17 @@ class Informer:
             log("%s: %s; checking again every %.0fs", self.res.name, why, self.not_served_retry)
         self.stats.served = False
         if len(self.store):  # it was served before: its objects are gone
-            old, self.store = self.store, PackedStore()
+            old, self.store = self.store, PackedStore(metadata_only=self.res.metadata_only)
             self.stats.objects = 0
-            self._deliver(difference(old, self.store), first=False)
+            self._deliver(difference(old, self.store, {}), first=False)
         return self.not_served_retry * (1.0 + 0.1 * self.random())
 
     # -- list ---------------------------------------------------------------------------
 
     def _list(self) -> None:
         res = self.res
-        fresh = PackedStore()
+        fresh = PackedStore(metadata_only=res.metadata_only)
+        current: dict[str, bytes] = {}  # the packed objects, until delivered
         cont: str | None = None
         while True:
             response = self._get(
@@ -348,7 +351,9 @@ class Informer:
                 body = json.loads(response.data)
             for item in body.get("items") or ():
                 obj = strip_object(res.kind, item, res.api_version)
-                fresh.put(_key(obj), pack(obj))
+                key, data = _key(obj), pack(obj)
+                fresh.put(key, fresh.value(obj, data))
+                current[key] = data
             meta = body.get("metadata") or {}
             cont = meta.get("continue") or None
             if cont is None:
@@ -364,7 +369,7 @@ class Informer:
         self.stats.resource_version = rv
         first = not self.stats.synced
         self.stats.synced = True
-        self._deliver(difference(old, fresh), first=first)
+        self._deliver(difference(old, fresh, current), first=first)
 
     def _get(self, timeout: rest.Timeout, *query: rest.QueryParam) -> Any:
         """GET the resource's collection with its selectors and `query`."""
@@ -444,16 +449,16 @@ class Informer:
         current = strip_object(self.res.kind, obj, self.res.api_version)
         key = _key(current)
         if kind == "DELETED":
-            gone = self.store.pop(key)
+            gone = self.store.kept(self.store.pop(key))
             if gone is None:
                 return
             change: Change = (unpack(gone), None)
         else:
-            data = pack(current)
-            previous = self.store.put(key, data)
-            if previous == data:
+            value = self.store.value(current, pack(current))
+            previous = self.store.put(key, value)
+            if previous == value:
                 return  # only stripped fields changed (status, managedFields, ...)
-            change = (unpacked(previous), current)
+            change = (unpacked(self.store.kept(previous)), current)
         self.stats.objects = len(self.store)
         self._deliver([change], first=False)
 

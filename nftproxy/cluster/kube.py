@@ -305,6 +305,7 @@ class KubeSource:
                 "endpointslices", "EndpointSlice", "discovery.k8s.io/v1",
                 "/apis/discovery.k8s.io/v1/endpointslices",
                 label_selector=LABEL_SELECTOR,
+                metadata_only=True,  # a gone slice's name and labels are all the proxier reads
             ),
             self._pairs(lambda: self.handler.on_endpoint_slice, KIND_ENDPOINT_SLICES),
         )
