@@ -47,7 +47,8 @@ its kind, apiVersion and metadata).
 
 The store keeps each stripped object packed as canonical JSON bytes
 (cluster/store.py: ~17 MB instead of ~86 MB as dicts at 10,000 Services x
-10 endpoints); a change is a difference of packed forms. Only what is
+10 endpoints), and of an EndpointSlice (`Resource.metadata_only`) only a
+digest of that form and its head; a change is a difference of stored forms. Only what is
 delivered is decoded: `previous`, a list's changes as the callback reads
 them, and the read-only Mapping view of the store `deliver` is given.
 
