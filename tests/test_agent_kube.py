@@ -15,6 +15,7 @@ Aspects:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -94,6 +95,23 @@ def _agent(
     return Agent(config, backend=backend, source_factory=source_factory)
 
 
+@contextlib.contextmanager
+def _synced_agent(
+    api: FakeApiServer, config: ProxyConfig = CONFIG, **options: Any
+) -> Iterator[tuple[FakeBackend, list[KubeSource]]]:
+    """`_agent` started and through its first sync (stopped afterwards):
+    its backend and the sources it made."""
+    backend = FakeBackend()
+    sources: list[KubeSource] = []
+    agent = _agent(api, backend, sources, config, **options)
+    agent.start()
+    try:
+        assert agent.synced.wait(30), "no first sync"
+        yield backend, sources
+    finally:
+        agent.stop()
+
+
 def _wait(predicate: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -137,12 +155,7 @@ def test_agent_converges_after_a_burst_with_a_410_and_a_dropped_connection(
 ) -> None:
     rng = random.Random(1)
     _burst(api, rng, 200)
-    backend = FakeBackend()
-    sources: list[KubeSource] = []
-    agent = _agent(api, backend, sources)
-    agent.start()
-    try:
-        assert agent.synced.wait(30), "no first sync"
+    with _synced_agent(api) as (backend, sources):
         _burst(api, rng, 300)
         api.wait_watchers("services")  # the 410 goes to open watches only
         api.force_gone()
@@ -152,8 +165,6 @@ def test_agent_converges_after_a_burst_with_a_410_and_a_dropped_connection(
         _burst(api, rng, 300)
         expected = _expected(api)
         _wait(lambda: _listing(backend) == expected)
-    finally:
-        agent.stop()
 
 
 def test_a_slice_deleted_in_an_outage_leaves_the_kernel_after_the_relist(
@@ -164,12 +175,7 @@ def test_a_slice_deleted_in_an_outage_leaves_the_kernel_after_the_relist(
     for name, ip, ep in (("web", "10.96.0.10", "10.244.0.5"), ("db", "10.96.0.11", "10.244.0.6")):
         api.create(service(name, ip))
         api.create(endpoint_slice(name, [(ep, NODE)], family="IPv4"))
-    backend = FakeBackend()
-    sources: list[KubeSource] = []
-    agent = _agent(api, backend, sources)
-    agent.start()
-    try:
-        assert agent.synced.wait(30), "no first sync"
+    with _synced_agent(api) as (backend, sources):
         _wait(lambda: _listing(backend) == _expected(api))
         before = _listing(backend)
         api.stop()
@@ -179,8 +185,6 @@ def test_a_slice_deleted_in_an_outage_leaves_the_kernel_after_the_relist(
         assert expected != before
         _wait(lambda: _listing(backend) == expected)
         assert sources[0].stats["endpointslices"].lists == 2
-    finally:
-        agent.stop()
 
 
 def test_nothing_is_programmed_before_both_lists_complete(api: FakeApiServer) -> None:
@@ -208,14 +212,9 @@ def test_a_change_after_an_api_outage_reaches_the_kernel_within_min_sync_plus_2s
     config = dataclasses.replace(CONFIG, min_sync_period=1.0, sync_period=30.0)
     api.create(service("web", "10.96.0.10"))
     api.create(endpoint_slice("web", [("10.244.0.2", NODE)], family="IPv4"))
-    backend = FakeBackend()
-    sources: list[KubeSource] = []
     # the real backoff (0.8 s doubling to 30 s); a fixed jitter for a repeatable test
-    agent = _agent(api, backend, sources, config, backoff_initial=0.8, backoff_max=30.0,
-                   random=lambda: 0.5)
-    agent.start()
-    try:
-        assert agent.synced.wait(30), "no first sync"
+    with _synced_agent(api, config, backoff_initial=0.8, backoff_max=30.0,
+                       random=lambda: 0.5) as (backend, sources):
         for resource in ("services", "endpointslices", "nodes"):
             api.wait_watchers(resource)
         api.stop()
@@ -231,5 +230,3 @@ def test_a_change_after_an_api_outage_reaches_the_kernel_within_min_sync_plus_2s
         assert took < config.min_sync_period + 2.0 + 3.0, f"{took:.1f}s"
         assert sources[0].stats["services"].relists == 1
         _wait(lambda: _listing(backend) == _expected(api))
-    finally:
-        agent.stop()
