@@ -17,7 +17,9 @@ Aspects:
   (urllib3 used to reload the certificate into the shared SSL_CTX for
   every connection, racing the other threads' handshakes: a segfault);
 - a CA or client certificate that cannot be loaded is one clear error
-  naming the file, when the client is built;
+  naming the file, when the client is built; rotated files are loaded again
+  for the next connections (files that do not load: one WARNING, the
+  previous ones kept);
 - a wrong CA or a 401: ONE ERROR log line with the cause however many
   retries, nftproxy_api_errors_total{reason="tls"|"unauthorized"}, and
   /healthz 503 saying why once it lasted 2 x syncPeriod; all clear once
@@ -32,6 +34,7 @@ import datetime
 import ipaddress
 import json
 import logging
+import os
 import re
 import ssl
 import subprocess
@@ -55,7 +58,7 @@ from kubernetes.config import incluster_config
 from test_kube_source import wait_until
 
 from nftproxy.agent.agent import Agent, Source
-from nftproxy.cluster import kube
+from nftproxy.cluster import client_tls
 from nftproxy.cluster.events import ClusterEvents, Obj
 from nftproxy.cluster.kube import KubeSource, from_config
 from nftproxy.core.config import ProxyConfig
@@ -155,7 +158,7 @@ def strict_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(urllib3.util.ssl_, "create_urllib3_context", strict_urllib3)
     monkeypatch.setattr(urllib3.connection, "create_urllib3_context", strict_urllib3)
-    monkeypatch.setattr(kube, "create_urllib3_context", strict_urllib3)
+    monkeypatch.setattr(client_tls, "create_urllib3_context", strict_urllib3)
     monkeypatch.setattr(ssl, "create_default_context", strict_ssl)
 
 
@@ -319,6 +322,45 @@ def test_many_connections_at_once_with_a_client_certificate(pki: Pki, tmp_path: 
                               path, api.url, "60"],
                              capture_output=True, text=True, timeout=300, check=False)
     assert (run.returncode, run.stdout.strip()) == (0, "0 failures"), run.stderr[-3000:]
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write `path` as rotation tools do: a new file renamed over the old."""
+    new = path.with_name(path.name + ".new")
+    new.write_bytes(data)
+    os.replace(new, path)
+
+
+def test_a_rotated_client_certificate_is_used_by_the_next_connections(
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As client-go: changed certificate and key files are loaded again
+    (before the next request); files that do not load keep the previous
+    ones, with one WARNING."""
+    other = tmp_path / "other"
+    other.mkdir()
+    untrusted = make_pki(other, cn="another-ca")  # a pair the server does not accept
+    cert, key = tmp_path / "rotating.crt", tmp_path / "rotating.key"
+    cert.write_bytes(untrusted.client_cert.read_bytes())
+    key.write_bytes(untrusted.client_key.read_bytes())
+    with _client_cert_server(pki) as api:
+        client = from_config(kubeconfig(tmp_path / "kc", api.url, pki.ca, cert=cert, key=key))
+        pool = client.rest_client.pool_manager
+
+        def status() -> int:
+            answer = pool.request("GET", f"{api.url}/api/v1/services", retries=False)
+            return int(answer.status)
+
+        with pytest.raises(urllib3.exceptions.HTTPError):
+            status()
+        _replace(cert, pki.client_cert.read_bytes())
+        _replace(key, pki.client_key.read_bytes())
+        assert status() == 200
+        caplog.set_level(logging.WARNING)
+        _replace(cert, b"half written\n")
+        assert [status(), status()] == [200, 200]  # the previous context
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "do not load" in warnings[0].getMessage()
 
 
 @pytest.mark.parametrize("broken", ["CA", "client certificate"])

@@ -23,7 +23,8 @@ answer (cluster/retry.py); delivered objects are stripped to what the
 proxier reads (`strip_object`).
 
 TLS and credentials: the client verifies the server as client-go does
-(`tls_context`: Python 3.13's VERIFY_X509_STRICT cleared); a TLS failure,
+(cluster/client_tls.py: Python 3.13's VERIFY_X509_STRICT cleared; its files
+reloaded when they change, as client-go rotates them); a TLS failure,
 401 or 403 is logged once as an ERROR with its cause, counted in
 `ResourceStats.error_reasons` and shown in `ResourceStats.failing`, which
 /healthz reads (informer.py).
@@ -43,7 +44,6 @@ import contextlib
 import copy
 import logging
 import os
-import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -53,8 +53,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from urllib3.util.ssl_ import create_urllib3_context
 
+from nftproxy.cluster.client_tls import RotatingTls
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents, Obj
 from nftproxy.cluster.informer import Change, Deliver, Informer, Resource, ResourceStats, Sleep
 
@@ -65,7 +65,6 @@ __all__ = [
     "KubeSource",
     "api_calls",
     "from_config",
-    "tls_context",
 ]
 
 LABEL_SELECTOR = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name"
@@ -114,7 +113,7 @@ def from_config(kubeconfig: str | None = None) -> Any:
     Uses a private Configuration (the client's global default is untouched)
     and turns on TCP keepalive, so a watch through an idle-dropping load
     balancer fails instead of hanging; TLS is verified as client-go does
-    (`tls_context`). Raises the client's ConfigException when no
+    (cluster/client_tls.py). Raises the client's ConfigException when no
     configuration is found.
     """
     configuration = k8s.Configuration()
@@ -137,66 +136,13 @@ def from_config(kubeconfig: str | None = None) -> Any:
     return _client(configuration)
 
 
-_LOADED_INTO_CONTEXT = ("ca_certs", "ca_cert_data", "cert_file", "key_file")
-"""The pool keywords that would make urllib3 load files into the context per connection."""
-
-
 def _client(configuration: Any) -> Any:
     """The one place an ApiClient is built: its urllib3 pool verifies TLS
-    with `tls_context(configuration)`, which holds the configured CA, client
-    certificate and key. urllib3 is not given their files: it would load
-    them into the shared context again for every new connection, and
-    OpenSSL's SSL_CTX is not safe to change while other threads handshake
-    with it (the informers connect at once; with a client certificate that
-    crashed the process)."""
+    with the context `client_tls` builds from the configured CA, client
+    certificate and key, and builds again when those files change."""
     client = k8s.ApiClient(configuration=configuration)
-    # pools are made lazily, from these keywords: every connection uses the context
-    pool_kw = client.rest_client.pool_manager.connection_pool_kw
-    pool_kw["ssl_context"] = tls_context(configuration)
-    for loaded in _LOADED_INTO_CONTEXT:
-        pool_kw.pop(loaded, None)
+    RotatingTls.install(configuration, client.rest_client.pool_manager)
     return client
-
-
-def tls_context(configuration: Any) -> ssl.SSLContext:
-    """The SSL context of the API client: what client-go (Go's crypto/x509)
-    accepts. The server is verified against the configured CA (or the
-    system's when none is configured) with hostname checking, but without
-    VERIFY_X509_STRICT, which Python 3.13 and urllib3 >= 2.3 set by default
-    and which rejects, e.g., a CA certificate without a keyUsage extension
-    (common in self-made cluster CAs) that kube-proxy accepts. With
-    VERIFY_X509_PARTIAL_CHAIN: Go trusts any certificate in its root pool,
-    an intermediate CA included, as this flag does. insecure-skip-tls-verify
-    (verify_ssl False) verifies nothing, as before. The CA and the client
-    certificate and key are loaded here, once (see `_client`); files that
-    cannot be loaded raise ValueError naming them."""
-    verify = bool(configuration.verify_ssl)
-    context = create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED if verify else ssl.CERT_NONE)
-    context.verify_flags = (
-        context.verify_flags & ~ssl.VERIFY_X509_STRICT
-    ) | ssl.VERIFY_X509_PARTIAL_CHAIN
-    if verify:
-        _load_ca(context, configuration)
-    if configuration.cert_file:
-        try:
-            context.load_cert_chain(configuration.cert_file, configuration.key_file or None)
-        except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"cannot load the client certificate {configuration.cert_file} "
-                             f"and key {configuration.key_file}: {exc}") from exc
-    return context
-
-
-def _load_ca(context: ssl.SSLContext, configuration: Any) -> None:
-    """The configured CA (file or data), else the system's."""
-    ca_file = configuration.ssl_ca_cert or None
-    ca_data = getattr(configuration, "ca_cert_data", None) or None
-    if not (ca_file or ca_data):
-        context.load_default_certs()  # urllib3 loads them only into its own contexts
-        return
-    try:
-        context.load_verify_locations(cafile=ca_file, cadata=ca_data)
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"cannot load the CA {ca_file or '(data)'}: {exc}") from exc
 
 
 # -- the source -----------------------------------------------------------------------
