@@ -27,7 +27,8 @@ BLAKE2b: "did it change?" stays a comparison of bytes) and its kind,
 apiVersion and metadata packed; the previous object it gives back (a delete,
 an update's `previous`, `view`) is that head. The proxier reads only the
 name, namespace and labels of a slice it is told is gone. At 10,000
-Services x 10 endpoints a slice packs to ~1 KB and its head to ~150 bytes.
+Services x 10 endpoints a slice packs to ~1 KB, its digest and head to ~170
+bytes.
 
 Not thread-safe: one thread writes a store (the informer's); readers of
 `view` run in that thread (its `deliver` callback).
@@ -117,10 +118,6 @@ class PackedStore:
 
     def __len__(self) -> int:
         return len(self._data)
-
-    @property
-    def metadata_only(self) -> bool:
-        return self._skip != 0
 
     def value(self, obj: Obj, data: bytes) -> bytes:
         """What this store keeps for `obj`, packed as `data` (equal objects,
