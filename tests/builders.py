@@ -136,14 +136,17 @@ def endpoint(
     ready: bool = True,
     terminating: bool = False,
     serving: bool | None = None,
+    nodeless: bool = False,
 ) -> Endpoint:
+    """On this node (node-a) if `local`, else on node-b, or on none
+    (`nodeless`: an EndpointSlice that names no node)."""
     return Endpoint(
         ip=ip,
         port=port,
         ready=ready,
         serving=ready if serving is None else serving,
         terminating=terminating,
-        node_name="node-a" if local else "node-b",
+        node_name="node-a" if local else "" if nodeless else "node-b",
         is_local=local,
     )
 

@@ -314,7 +314,8 @@ def _targets(addrs: list[Any], sets: Mapping[str, list[Any]], dest: Any) -> list
 def service_shapes(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """Per cluster IP in `service-ips` of a listed table (libnftables JSON):
     (the endpoints the chain it goes to DNATs it to, how many of them have
-    their hairpin element) -- a whole service of n endpoints is (n, n)."""
+    their hairpin element) -- a whole service of n endpoints, k of them on
+    this node (or on none), is (n, k)."""
     objs, sets = _objects(doc)
     addrs = _dnat_addrs(objs)
     hairpin = {e["concat"][0] for e in sets.get("hairpin-endpoints", [])}

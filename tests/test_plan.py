@@ -321,7 +321,8 @@ def test_the_kernel_deletes_a_chain_with_its_rules() -> None:
 
 SKEL = render_skeleton(V4, CONFIG, NODE)
 SVC1 = service_port()
-EP1, EP2, EP3 = (endpoint(f"10.180.0.{i}") for i in (1, 2, 3))
+EP1, EP2, EP3 = (endpoint(f"10.180.0.{i}", nodeless=True) for i in (1, 2, 3))
+"""On no node, so each is a hairpin pair: the pinned sizes count one."""
 
 
 NODEPORT = replace(SVC1, node_port=30001, external_traffic_policy=TrafficPolicy.LOCAL)

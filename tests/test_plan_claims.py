@@ -38,7 +38,7 @@ from nftproxy.core.rules.fragment import Element, Fragment, Json
 from nftproxy.core.rules.skeleton import is_endpoints_map
 
 SAME_IP = "172.30.0.42"
-EP = endpoint("10.180.0.9")
+EP = endpoint("10.180.0.9", local=True)  # a hairpin pair
 A = service_port("a", ns="ns1", cluster_ip=SAME_IP)
 B = service_port("b", ns="ns2", cluster_ip=SAME_IP)
 SERVICE_KEY = ("service-ips", (SAME_IP, "tcp", 80))

@@ -196,7 +196,7 @@ def test_the_service_ips_element_goes_to_the_shared_chooser_of_its_count_and_gen
     generation: str, n: int
 ) -> None:
     ctx = replace(context(), generation=generation)
-    fragment = render_service_port(SVC1, many(n), ctx).fragment
+    fragment = render_service_port(SVC1, many(n, local=True), ctx).fragment
     assert elements_in(fragment, "service-ips") == [Element(
         "service-ips", (CIP, "tcp", 80), Verdict("goto", f"dispatch-tcp-{generation}-{n}"),
         f"ns1/svc1:p80 {SVC}")]

@@ -174,12 +174,12 @@ FIREWALLED: Elements = {
 DISPATCH_CASES = [
     Case(
         "cluster IP with endpoints goes to KUBE-SVC's shared chooser, is an active cluster IP, "
-        "and its endpoint is a hairpin pair",
-        service_port(), REMOTE, {**shared(EP1), **hairpin(EP1)}, frozenset(),
+        "and its endpoint on another node is no hairpin pair",
+        service_port(), REMOTE, shared(EP1), frozenset(),
     ),
     Case(
         "cluster IP with ClientIP affinity goes to its own KUBE-SVC",
-        AFFINITY, REMOTE, {**SVC_CIP, **hairpin(EP1)}, frozenset({"SVC"}),
+        AFFINITY, REMOTE, SVC_CIP, frozenset({"SVC"}),
     ),
     Case(
         "cluster IP without endpoints is rejected and gets no chains at all",
@@ -189,12 +189,12 @@ DISPATCH_CASES = [
     ),
     Case(
         "node port with eTP=Cluster goes to the shared node port chooser, marked for masquerade",
-        NODEPORT, REMOTE, {**shared(EP1, node_port=3001), **hairpin(EP1)}, frozenset(),
+        NODEPORT, REMOTE, shared(EP1, node_port=3001), frozenset(),
     ),
     Case(
         "node port with ClientIP affinity goes to its own KUBE-EXT",
         replace(AFFINITY, node_port=3001), REMOTE,
-        {**SVC_CIP, "service-nodeports": {("tcp", 3001): "goto EXT"}, **hairpin(EP1)},
+        {**SVC_CIP, "service-nodeports": {("tcp", 3001): "goto EXT"}},
         frozenset({"SVC", "EXT"}),
     ),
     Case(
@@ -209,7 +209,7 @@ DISPATCH_CASES = [
     ),
     Case(
         "external IP goes to the shared chooser, marked for masquerade",
-        EXTERNAL_IP, REMOTE, {**shared(EP1, vips=(EIP,)), **hairpin(EP1)}, frozenset(),
+        EXTERNAL_IP, REMOTE, shared(EP1, vips=(EIP,)), frozenset(),
     ),
     Case(
         "external IP with ClientIP affinity goes to its own KUBE-EXT",
@@ -217,7 +217,6 @@ DISPATCH_CASES = [
         {
             **CLUSTER_IPS,
             "service-ips": {(CIP, "tcp", 80): "goto SVC", (EIP, "tcp", 80): "goto EXT"},
-            **hairpin(EP1),
         },
         frozenset({"SVC", "EXT"}),
     ),
@@ -230,7 +229,7 @@ DISPATCH_CASES = [
     ),
     Case(
         "LB VIP goes to the shared chooser and an ipMode Proxy ingress is not captured",
-        LB_PORT, REMOTE, {**shared(EP1, vips=(LB,), node_port=3001), **hairpin(EP1)},
+        LB_PORT, REMOTE, shared(EP1, vips=(LB,), node_port=3001),
         frozenset(),
     ),
     Case(
@@ -240,7 +239,6 @@ DISPATCH_CASES = [
             **CLUSTER_IPS,
             "service-ips": {(CIP, "tcp", 80): "goto SVC", (LB, "tcp", 80): "goto EXT"},
             "service-nodeports": {("tcp", 3001): "goto EXT"},
-            **hairpin(EP1),
         },
         frozenset({"SVC", "EXT"}),
     ),
@@ -257,7 +255,7 @@ DISPATCH_CASES = [
     ),
     Case(
         "LB VIP with source ranges is a firewall-vips element with its allowed ranges",
-        LB_RANGES, REMOTE, {**shared(EP1, vips=(LB,)), **FIREWALLED, **hairpin(EP1)},
+        LB_RANGES, REMOTE, {**shared(EP1, vips=(LB,)), **FIREWALLED},
         frozenset(),
     ),
     Case(
@@ -267,7 +265,6 @@ DISPATCH_CASES = [
             **CLUSTER_IPS,
             "service-ips": {(CIP, "tcp", 80): "goto SVC", (LB, "tcp", 80): "goto EXT"},
             **FIREWALLED,
-            **hairpin(EP1),
         },
         frozenset({"SVC", "EXT"}),
     ),
@@ -285,7 +282,7 @@ DISPATCH_CASES = [
     Case(
         "eTP=Local with a local endpoint sends every external destination to external-local",
         ETP_LOCAL, LOCAL_AND_REMOTE,
-        {**local_shared((EP1, EP2), (EP1,), (EIP, LB), 3001), **hairpin(EP1, EP2)},
+        {**local_shared((EP1, EP2), (EP1,), (EIP, LB), 3001), **hairpin(EP1)},
         frozenset(),
     ),
     Case(
@@ -295,7 +292,6 @@ DISPATCH_CASES = [
             **local_shared((EP1,), (), (EIP, LB), 3001),
             "no-endpoint-services": {(EIP, "tcp", 80): "drop", (LB, "tcp", 80): "drop"},
             "no-endpoint-nodeports": {("tcp", 3001): "drop"},
-            **hairpin(EP1),
         },
         frozenset(),
         external_dropped=True,
@@ -309,7 +305,7 @@ DISPATCH_CASES = [
                 (CIP, "tcp", 80): "goto SVC", (EIP, "tcp", 80): "goto EXT",
                 (LB, "tcp", 80): "goto EXT"},
             "service-nodeports": {("tcp", 3001): "goto EXT"},
-            **hairpin(EP1, EP2),
+            **hairpin(EP1),
         },
         frozenset({"SVC", "SVL", "EXT"}),
     ),
@@ -356,7 +352,6 @@ DISPATCH_CASES = [
             **CLUSTER_IPS,
             "no-endpoint-services": {(CIP, "tcp", 80): "drop"},
             **shared_nodeport(3001, EP1),
-            **hairpin(EP1),
         },
         frozenset(),
         internal_dropped=True,
@@ -364,18 +359,18 @@ DISPATCH_CASES = [
     Case(
         "terminating endpoints serve when none is ready",
         service_port(), (endpoint(EP2, ready=False, terminating=True, serving=True),),
-        {**shared(EP2), **hairpin(EP2)}, frozenset(),
+        shared(EP2), frozenset(),
     ),
     Case(
         "terminating endpoints are ignored while one is ready",
         service_port(),
         (endpoint(EP1), endpoint(EP2, ready=False, terminating=True, serving=True)),
-        {**shared(EP1), **hairpin(EP1)}, frozenset(),
+        shared(EP1), frozenset(),
     ),
     Case(
         "terminating endpoints serve their own KUBE-SVC when none is ready",
         AFFINITY, (endpoint(EP2, ready=False, terminating=True, serving=True),),
-        {**SVC_CIP, **hairpin(EP2)}, frozenset({"SVC"}),
+        SVC_CIP, frozenset({"SVC"}),
     ),
     Case(
         "non-serving terminating endpoints count as no endpoints",
@@ -387,7 +382,7 @@ DISPATCH_CASES = [
         "eTP=Local falls back to a local terminating endpoint for external traffic",
         replace(NODEPORT, external_traffic_policy=LOCAL),
         (endpoint(EP1), endpoint(EP2, local=True, ready=False, terminating=True, serving=True)),
-        {**local_shared((EP1,), (EP2,), (), 3001), **hairpin(EP1, EP2)},
+        {**local_shared((EP1,), (EP2,), (), 3001), **hairpin(EP2)},
         frozenset(),
     ),
 ]
@@ -432,6 +427,7 @@ RENDERER_TESTS = {
     "_external_chain": "test_etp_local_external_chain_short_circuits_pods_and_host",
     "_firewall_elements": "test_source_ranges_are_firewall_vips_and_firewall_allow_elements",
     "_hairpin_elements": "test_hairpin_elements_pair_each_reachable_endpoint_with_itself",
+    "_may_hairpin_here": "test_only_an_endpoint_that_can_be_its_own_client_here_is_a_hairpin_pair",
 }
 HELPERS = {"_key", "_contains_any", "_merge", "_net", "_internal_endpoints", "_shares",
            "_local_policy_choosers"}

@@ -139,12 +139,14 @@ def test_endpoint_rule_dnats_with_the_service_protocol(protocol: L4Protocol) -> 
     hairpin-endpoints) and no KUBE-SEP chain exists."""
     port = service_port(protocol=protocol, node_port=3001, external_traffic_policy=LOCAL)
     chain, proto = names.service_chain(port.name), protocol.nft
-    fragment = render_own(port, (endpoint(EP1, 8080),)).fragment
+    fragment = render_own(port, (endpoint(EP1, 8080, local=True),)).fragment
     assert rules_of(fragment, chain)[1:] == [picks(EP1, port=8080, protocol=proto)]
     assert [text(r) for r in chain_of(fragment, chain).rules[1:]] == [
         _pick_rule(1, chain, proto)]
-    assert {e.set_name for e in _map_elements(fragment)} == {endpoints_map_of(chain, proto)}
-    assert {c.name for c in fragment.chains} == {chain, names.external_chain(port.name)}
+    assert {e.set_name for e in _map_elements(fragment)} == {
+        endpoints_map_of(c, proto) for c in (chain, names.local_chain(port.name))}
+    assert {c.name for c in fragment.chains} == {
+        chain, names.local_chain(port.name), names.external_chain(port.name)}
     assert elements_of(fragment, "hairpin-endpoints") == {(EP1, EP1): None}
     affinity = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render_own(affinity, (endpoint(EP1, 8080),)).fragment
@@ -175,9 +177,12 @@ def test_choosers_spread_over_the_endpoints_map_shards() -> None:
 def test_a_changed_endpoint_changes_elements_only() -> None:
     """Same count, another endpoint: every chain renders the same rules (the
     same digest, so the chain is not rewritten) and the endpoints maps keep
-    their keys; only their values (and the hairpin pairs) change."""
-    before = render_own(ETP_LOCAL, (endpoint(EP1, local=True), endpoint(EP2))).fragment
-    after = render_own(ETP_LOCAL, (endpoint(EP1, 8080, local=True), endpoint(EP3))).fragment
+    their keys; only their values (and the hairpin pairs) change. The
+    second endpoint has no node, so it is a hairpin pair."""
+    here = endpoint(EP1, local=True)
+    before = render_own(ETP_LOCAL, (here, endpoint(EP2, nodeless=True))).fragment
+    moved = (endpoint(EP1, 8080, local=True), endpoint(EP3, nodeless=True))
+    after = render_own(ETP_LOCAL, moved).fragment
     assert {c.name for c in before.chains} == {SVC, SVL, names.external_chain(SVC1.name)}
     assert [compact_chain(c) for c in before.chains] == [compact_chain(c) for c in after.chains]
     assert before.sets == after.sets
@@ -241,10 +246,11 @@ def _split(address: str) -> tuple[str, int]:
 
 def test_hairpin_elements_pair_each_reachable_endpoint_with_itself() -> None:
     """kube-proxy masquerades a connection whose client is the endpoint it was
-    sent to: every endpoint a chooser can DNAT to is an (ep . ep) element,
-    which the skeleton's first KUBE-POSTROUTING rule matches after DNAT."""
-    eps = (endpoint(EP3, local=True), endpoint(EP1),
-           endpoint(EP2, ready=False, terminating=True, serving=True))  # unused: EP1 is ready
+    sent to: every endpoint a chooser can DNAT to and that can be its own
+    client here is an (ep . ep) element, which the skeleton's first
+    KUBE-POSTROUTING rule matches after DNAT."""
+    eps = (endpoint(EP3, local=True), endpoint(EP1, local=True),
+           endpoint(EP2, ready=False, terminating=True, serving=True, local=True))  # unused
     fragment = render(ETP_LOCAL, eps).fragment
     assert elements_of(fragment, "hairpin-endpoints") == {(EP1, EP1): None, (EP3, EP3): None}
     everything = [r for c in fragment.chains for r in (text(x) for x in c.rules)]
@@ -256,8 +262,24 @@ def test_hairpin_elements_pair_each_reachable_endpoint_with_itself() -> None:
         "ct status dnat ip saddr . ip daddr @hairpin-endpoints meta mark set meta mark | 0x4000")
 
 
+def test_only_an_endpoint_that_can_be_its_own_client_here_is_a_hairpin_pair() -> None:
+    """A pod on another node reaches a service through its own node's proxy,
+    so it is never DNATed to itself here: its endpoint has no pair (as
+    kube-proxy's IPVS mode keeps only local endpoints in KUBE-LOOP-BACK).
+    An endpoint without a node (a hand-written EndpointSlice, an address
+    outside the cluster) might come through this node: it keeps its pair,
+    and so does every endpoint while this node's name is unknown."""
+    eps = (endpoint(EP1, local=True), endpoint(EP2), endpoint(EP3, nodeless=True))
+    pairs = elements_of(render(SVC1, eps).fragment, "hairpin-endpoints")
+    assert pairs == {(EP1, EP1): None, (EP3, EP3): None}
+    unnamed = replace(NODE, name="")
+    pairs = elements_of(render(SVC1, eps, node=unnamed).fragment, "hairpin-endpoints")
+    assert pairs == {(ip, ip): None for ip in (EP1, EP2, EP3)}
+
+
 def test_one_element_per_endpoint_ip_however_many_of_its_ports_serve() -> None:
-    eps = (endpoint(EP1, 8080), endpoint(EP1, 9090), endpoint(EP2))
+    eps = (endpoint(EP1, 8080, local=True), endpoint(EP1, 9090, local=True),
+           endpoint(EP2, local=True))
     fragment = render(SVC1, eps).fragment
     assert [e.key for e in fragment.elements if e.set_name == "hairpin-endpoints"] == [
         (EP1, EP1), (EP2, EP2)]

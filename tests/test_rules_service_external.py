@@ -143,14 +143,13 @@ def test_etp_local_without_external_access_is_plain_cluster_ip() -> None:
     assert fragment == render(service_port(), REMOTE).fragment
     assert {c.name for c in fragment.chains} == set()
     assert set(dispatch(fragment, labels(port))) == {
-        "cluster-ips", "service-ips", "hairpin-endpoints", "vip-endpoints-tcp-a"}
+        "cluster-ips", "service-ips", "vip-endpoints-tcp-a"}  # REMOTE: no hairpin pair
     sticky = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render(sticky, REMOTE).fragment
     cluster = replace(sticky, external_traffic_policy=TrafficPolicy.CLUSTER)
     assert fragment == render(cluster, REMOTE).fragment
     assert {c.name for c in fragment.chains} == {SVC}
-    assert set(dispatch(fragment, labels(port))) == {
-        "cluster-ips", "service-ips", "hairpin-endpoints"}
+    assert set(dispatch(fragment, labels(port))) == {"cluster-ips", "service-ips"}
 
 
 # --- loadBalancerSourceRanges: firewall-vips / firewall-allow ----------------------

@@ -486,12 +486,21 @@ def _net(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
 
 
 def _hairpin_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
-    """endpoint . endpoint for each reachable endpoint, in the generation's
-    hairpin set: KUBE-POSTROUTING masquerades a DNATed packet whose source
-    is the endpoint it was sent to."""
-    ips = sorted({ep.ip for ep in p.cats.reachable})
+    """endpoint . endpoint for each reachable endpoint that can be its own
+    client here, in the generation's hairpin set: KUBE-POSTROUTING
+    masquerades a DNATed packet whose source is the endpoint it was sent to.
+
+    An endpoint on another node never is: its packets to a service are
+    DNATed by its own node's proxy, never here (as kube-proxy's IPVS mode
+    fills KUBE-LOOP-BACK with local endpoints only). One without a node, or
+    any when this node's name is unknown, might be, and keeps its element."""
+    ips = sorted({ep.ip for ep in p.cats.reachable if _may_hairpin_here(ep, ctx.node)})
     name = sk.hairpin_set(ctx.generation)
     return [Element(name, (ip, ip)) for ip in ips]
+
+
+def _may_hairpin_here(ep: Endpoint, node: NodeInfo) -> bool:
+    return ep.is_local or not ep.node_name or not node.name
 
 
 def render_service_port(
