@@ -4,8 +4,8 @@ Aspects:
 - property: over random histories of Service and EndpointSlice events (both
   families), with syncs in between (mostly partial, some full), every
   report's health_check_ports and local_endpoints equal the full computation
-  over the maps that sync rendered from, and an earlier report keeps its
-  values;
+  over the maps that sync rendered from (local endpoints of the services
+  with a health check port), and an earlier report keeps its values;
 - cost: a sync reads only the ports it applied (none when nothing changed),
   never the whole maps;
 - the no-local gauges and the table sizes a partial sync reports equal a
@@ -46,7 +46,8 @@ Obj = dict[str, Any]
 
 def expected(report: SyncReport) -> tuple[dict[NamespacedName, int], dict[NamespacedName, int]]:
     """The report's figures computed from the whole maps it was rendered
-    from: the later family's port wins, the larger count wins."""
+    from: the later family's port wins, the larger count wins; local
+    endpoints only for the services the health server answers for."""
     ports: dict[NamespacedName, int] = {}
     local: dict[NamespacedName, int] = {}
     for fam in report.families:
@@ -54,7 +55,7 @@ def expected(report: SyncReport) -> tuple[dict[NamespacedName, int], dict[Namesp
         ports.update(state.health_check_ports())
         for svc, count in state.local_ready_endpoints().items():
             local[svc] = max(local.get(svc, 0), count)
-    return ports, local
+    return ports, {svc: count for svc, count in local.items() if svc in ports}
 
 
 # --- random histories ------------------------------------------------------------------

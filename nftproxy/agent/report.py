@@ -53,8 +53,8 @@ class SyncReport:
     """What one sync did, for logs, metrics, conntrack and health: values only.
 
     health_check_ports: healthCheckNodePort per service needing a server.
-    local_endpoints: per service, its local ready endpoints (a dual-stack pod
-        counts once: the larger of the two families).
+    local_endpoints: per service needing a server, its local ready endpoints
+        (a dual-stack pod counts once: the larger of the two families).
     """
 
     full: bool

@@ -5,12 +5,15 @@ job: the figures a `SyncReport` gives about every service -- not only the
 ones a sync touched -- without reading the whole maps on every sync:
 
 - `HealthTally`: per service, its healthCheckNodePort where it needs a
-  health server (eTP=Local on an externally accessible port), and its number
+  health server (eTP=Local on an externally accessible port), and, for
+  those services only (the health server answers for no other), its number
   of distinct local Ready endpoint IPs over all its ports, over both
   families. The same values as `StateSnapshot.health_check_ports` /
   `local_ready_endpoints` merged over the families (the later family's port
   wins, the larger count wins), which a full sync recomputes (`rebuild`) and
   a partial sync updates for the ports it applied (`update`): O(changed).
+  Only the ports that need a health server keep their local IPs (10,000
+  services with local endpoints: ~4 MB otherwise).
 - `NoLocalTally`: per family, the service ports whose Local traffic policies
   found no local endpoint (the sync_proxy_rules_no_local_endpoints_total
   gauges), counted as the render step reports them.
@@ -61,7 +64,7 @@ class _FamilyHealth:
     ) -> None:
         check = port.health_check_node_port if port and port.external_policy_local else 0
         _put(self.check_ports, spn, check or None)
-        ips = frozenset(ep.ip for ep in endpoints if ep.is_local and ep.ready)
+        ips = frozenset(ep.ip for ep in endpoints if ep.is_local and ep.ready) if check else None
         _put(self.local_ips, spn, ips or None)
 
     def check_port(self, svc: NamespacedName) -> int | None:

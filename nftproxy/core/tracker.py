@@ -321,9 +321,10 @@ class ProxyState:
         self.endpoint_tracker = EndpointSliceChangeTracker(family)
         self._services: PersistentMap[ServicePortName, ServicePort] = PersistentMap()
         self._endpoints: PersistentMap[ServicePortName, tuple[Endpoint, ...]] = PersistentMap()
-        # Ports per Service as last applied: what a Service change replaces,
-        # whatever the event's `previous` said.
-        self._ports_by_service: dict[NamespacedName, PortMap] = {}
+        # Port names per Service as last applied (their ports are in
+        # `_services`): what a Service change replaces, whatever the event's
+        # `previous` said. A tuple, not a dict per service (~180 bytes less).
+        self._ports_by_service: dict[NamespacedName, tuple[ServicePortName, ...]] = {}
 
     @property
     def services(self) -> PortMap:
@@ -374,10 +375,11 @@ class ProxyState:
         deleted: list[ServicePort] = []
         edit = self._services.edit()
         for change in changes:
-            old = self._ports_by_service.pop(change.service, {})
-            new = dict(change.current)
+            names = self._ports_by_service.pop(change.service, ())
+            old = {spn: self._services[spn] for spn in names}
+            new = change.current
             if new:
-                self._ports_by_service[change.service] = new
+                self._ports_by_service[change.service] = tuple(new)
             for spn, port in old.items():
                 if spn not in new:
                     del edit[spn]

@@ -8,20 +8,22 @@ name sorts first wins, deterministically, and the next takes over when it
 leaves.
 
 The index holds owners, not elements: an owner's elements are in its
-committed fragment (`Resolver`), and a table of 10,000 services holds
-~120,000 claims. Per set name one dict, key -> the owner itself (the
-overwhelmingly common single claim: no wrapper) or `_Owners` (two or more,
-winner first). A claim costs a dict slot (~30 bytes), where an (set name,
-key) -> ((owner, element), ...) dict cost ~190 (10,000 services x 10
-endpoints: one table's committed state 55.7 -> 35.2 MB).
+committed fragment (`Resolver`), and a table of 10,000 services x 10
+endpoints holds ~180,000 claims. Per set name one store, key -> the owner
+itself (the overwhelmingly common single claim: no wrapper) or `_Owners`
+(two or more, winner first). A claim costs a dict slot (~30 bytes) where an
+(set name, key) -> ((owner, element), ...) dict cost ~190; an indexed map's
+claim (a chooser's key . endpoint index) costs a list slot in its chooser's
+list, and no key tuple.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from nftproxy.core.model import ServicePortName
 from nftproxy.core.rules.fragment import CompactFragment, Element, Key
+from nftproxy.core.rules.generations import is_indexed_map
 
 __all__ = ["ElemId", "ElementIndex", "Owner", "Resolver", "winner_of"]
 
@@ -59,16 +61,139 @@ def _head(claim: Owner | _Owners) -> Owner:
     return claim[0] if isinstance(claim, _Owners) else claim
 
 
-_NOBODY: Mapping[Key, Owner | _Owners] = {}
+Claim = Owner | _Owners
+
+
+def _with(claim: Claim | None, owner: Owner) -> Claim:
+    """`claim` once `owner` claims the key too (a re-claim moves to the end)."""
+    if claim is None or claim is owner or claim == owner:
+        return owner if claim is None else claim
+    return _order([*(o for o in _as_tuple(claim) if o != owner), owner])
+
+
+def _without(claim: Claim, owner: Owner) -> Claim | None:
+    """`claim` once `owner` lets the key go (None: nobody claims it)."""
+    if isinstance(claim, _Owners):
+        return _order(o for o in claim if o != owner)
+    return None if claim is owner or claim == owner else claim
+
+
+class _FlatClaims(dict[Key, Claim]):
+    """A set's claims by key: one dict slot each."""
+
+    __slots__ = ()
+
+    def claim(self, owner: Owner, key: Key) -> None:
+        claim = self.get(key)
+        if claim is None:
+            self[key] = owner
+        elif claim is not owner:
+            self[key] = _with(claim, owner)
+
+    def release(self, owner: Owner, key: Key) -> bool:
+        """Let `owner`'s claim of `key` go; whether no key is claimed now."""
+        claim = self.get(key)
+        if claim is not None:
+            rest = None if claim is owner else _without(claim, owner)
+            if rest is None:
+                del self[key]
+            else:
+                self[key] = rest
+        return not self
+
+    def claims(self) -> Iterator[tuple[Key, Claim]]:
+        return iter(self.items())
+
+
+def _split(key: Key) -> tuple[Key, int]:
+    index = key[-1]
+    if not isinstance(index, int):
+        raise TypeError(f"key {key!r} does not end in an endpoint index")
+    return key[:-1], index
+
+
+class _IndexedClaims:
+    """An indexed map's claims (keys chooser key . endpoint index 0..N-1),
+    by the chooser's key: a list by index, None where nobody claims. A
+    chooser of N endpoints costs one dict slot and a list of N, where N
+    keys cost N key tuples and N dict slots (~130 bytes each: 10,000
+    services x 10 endpoints, ~10 MB)."""
+
+    __slots__ = ("_count", "_groups")
+
+    def __init__(self) -> None:
+        self._groups: dict[Key, list[Claim | None]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def get(self, key: Key) -> Claim | None:
+        index = key[-1]
+        group = self._groups.get(key[:-1])
+        if group is None or not isinstance(index, int) or index >= len(group):
+            return None
+        return group[index]
+
+    def __getitem__(self, key: Key) -> Claim:
+        claim = self.get(key)
+        if claim is None:
+            raise KeyError(key)
+        return claim
+
+    def claim(self, owner: Owner, key: Key) -> None:
+        prefix, index = _split(key)
+        group = self._groups.get(prefix)
+        if group is None:
+            group = self._groups[prefix] = []
+        if index >= len(group):
+            if index == len(group):  # the common case: claimed in index order
+                self._count += 1
+                group.append(owner)
+                return
+            group.extend([None] * (index + 1 - len(group)))
+        claim = group[index]
+        if claim is None:
+            self._count += 1
+            group[index] = owner
+        elif claim is not owner:
+            group[index] = _with(claim, owner)
+
+    def release(self, owner: Owner, key: Key) -> bool:
+        """Let `owner`'s claim of `key` go; whether no key is claimed now."""
+        prefix, index = _split(key)
+        group = self._groups.get(prefix)
+        claim = group[index] if group is not None and index < len(group) else None
+        if group is None or claim is None:
+            return not self._count
+        group[index] = rest = None if claim is owner else _without(claim, owner)
+        if rest is None:
+            self._count -= 1
+            while group and group[-1] is None:
+                group.pop()
+            if not group:
+                del self._groups[prefix]
+        return not self._count
+
+    def claims(self) -> Iterator[tuple[Key, Claim]]:
+        for prefix, group in self._groups.items():
+            for index, claim in enumerate(group):
+                if claim is not None:
+                    yield (*prefix, index), claim
+
+
+_Claims = _FlatClaims | _IndexedClaims
 
 
 class ElementIndex:
-    """(set name, key) -> its claimants, winner first."""
+    """(set name, key) -> its claimants, winner first. The keys of the maps
+    `indexed` names (rules/generations.py) are grouped by chooser."""
 
-    __slots__ = ("_sets",)
+    __slots__ = ("_indexed", "_sets")
 
-    def __init__(self) -> None:
-        self._sets: dict[str, dict[Key, Owner | _Owners]] = {}
+    def __init__(self, indexed: Callable[[str], bool] = is_indexed_map) -> None:
+        self._sets: dict[str, _Claims] = {}
+        self._indexed = indexed
 
     def __len__(self) -> int:
         return sum(len(keys) for keys in self._sets.values())
@@ -76,19 +201,23 @@ class ElementIndex:
     def items(self) -> Iterator[tuple[ElemId, tuple[Owner, ...]]]:
         """Every claimed element and its claimants, winner first."""
         for name, keys in self._sets.items():
-            for key, claim in keys.items():
+            for key, claim in keys.claims():
                 yield (name, key), _as_tuple(claim)
 
     def ids(self) -> Iterator[ElemId]:
         return (elem_id for elem_id, _ in self.items())
 
+    def _claim(self, set_name: str, key: Key) -> Claim | None:
+        keys = self._sets.get(set_name)
+        return None if keys is None else keys.get(key)
+
     def owners(self, set_name: str, key: Key) -> tuple[Owner, ...]:
         """Who claims the element, the winner first (empty: nobody)."""
-        claim = self._sets.get(set_name, _NOBODY).get(key)
+        claim = self._claim(set_name, key)
         return () if claim is None else _as_tuple(claim)
 
     def winner(self, set_name: str, key: Key) -> Owner | None:
-        claim = self._sets.get(set_name, _NOBODY).get(key)
+        claim = self._claim(set_name, key)
         return None if claim is None else _head(claim)
 
     def won(self, owner: Owner, elements: Iterable[Element]) -> Iterator[Element]:
@@ -99,33 +228,29 @@ class ElementIndex:
             if winner is owner or winner == owner:
                 yield e
 
-    def claim(self, owner: Owner, set_name: str, key: Key) -> None:
+    def _keys(self, set_name: str) -> _Claims:
         keys = self._sets.get(set_name)
         if keys is None:
-            keys = self._sets[set_name] = {}
-        claim = keys.get(key)
-        if claim is None:
-            keys[key] = owner
-        elif claim is not owner and claim != owner:  # a re-claim moves to the end
-            keys[key] = _order([*(o for o in _as_tuple(claim) if o != owner), owner])
+            indexed = self._indexed(set_name)
+            keys = self._sets[set_name] = _IndexedClaims() if indexed else _FlatClaims()
+        return keys
+
+    def claim(self, owner: Owner, set_name: str, key: Key) -> None:
+        self._keys(set_name).claim(owner, key)
 
     def release(self, owner: Owner, set_name: str, key: Key) -> None:
         keys = self._sets.get(set_name)
-        if keys is None or (claim := keys.get(key)) is None:
-            return
-        if isinstance(claim, _Owners):
-            keys[key] = _order(o for o in claim if o != owner)
-        elif claim is owner or claim == owner:
-            del keys[key]
-            if not keys:
-                del self._sets[set_name]
+        if keys is not None and keys.release(owner, key):
+            del self._sets[set_name]
 
     def replace(self, owner: Owner, old: Iterable[Element], new: Iterable[Element]) -> None:
         """`owner` claimed `old` (its previous record) and claims `new` now."""
         for e in old:
             self.release(owner, e.set_name, e.key)
+        sets = self._sets
         for e in new:
-            self.claim(owner, e.set_name, e.key)
+            keys = sets.get(e.set_name) or self._keys(e.set_name)
+            keys.claim(owner, e.key)
 
 
 class Resolver:

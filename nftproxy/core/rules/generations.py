@@ -28,6 +28,7 @@ __all__ = [
     "is_endpoints_map",
     "is_external_local_chain",
     "is_hairpin_set",
+    "is_indexed_map",
     "is_unsharded_endpoints_map",
 ]
 
@@ -79,6 +80,27 @@ def endpoints_generation(name: str) -> str | None:
 
 def is_endpoints_map(name: str) -> bool:
     return name in _GENERATION_OF
+
+
+_INDEXED = frozenset(
+    [
+        *_GENERATION_OF,
+        *(
+            name(p, g, local=local)
+            for name in (dispatch.vip_endpoints_map, dispatch.nodeport_endpoints_map)
+            for local in (False, True)
+            for p in L4Protocol
+            for g in GENERATIONS
+        ),
+    ]
+)
+
+
+def is_indexed_map(name: str) -> bool:
+    """Whether `name` maps a chooser's key . endpoint index -> endpoint (an
+    endpoints map, or a shared chooser's vip-/nodeport-endpoints map): its
+    keys end in the index 0..N-1 of the chooser's N endpoints."""
+    return name in _INDEXED
 
 
 def hairpin_set(generation: str) -> str:
