@@ -52,6 +52,11 @@ def _put(table: _ByPort[V], spn: ServicePortName, value: V | None) -> None:
             del table[spn.service]
 
 
+def _needs_server(port: ServicePort) -> bool:
+    """eTP=Local on an externally accessible port, with a healthCheckNodePort."""
+    return bool(port.health_check_node_port) and port.external_policy_local
+
+
 class _FamilyHealth:
     """One family's per-port inputs of the health figures."""
 
@@ -62,7 +67,7 @@ class _FamilyHealth:
     def set_port(
         self, spn: ServicePortName, port: ServicePort | None, endpoints: Iterable[Endpoint]
     ) -> None:
-        check = port.health_check_node_port if port and port.external_policy_local else 0
+        check = port.health_check_node_port if port is not None and _needs_server(port) else 0
         _put(self.check_ports, spn, check or None)
         ips = frozenset(ep.ip for ep in endpoints if ep.is_local and ep.ready) if check else None
         _put(self.local_ips, spn, ips or None)
@@ -99,7 +104,12 @@ class HealthTally:
         """Recompute from the whole maps (a full sync)."""
         self._families = {f: _FamilyHealth() for f in self._order}
         self._ports, self._local = PersistentMap(), PersistentMap()
-        self.update(states, {f: s.services.keys() | s.endpoints.keys() for f, s in states.items()})
+        # from empty tallies, only the ports that need a server add anything
+        served = {
+            f: [spn for spn, port in s.services.items() if _needs_server(port)]
+            for f, s in states.items()
+        }
+        self.update(states, served)
 
     def update(
         self,
