@@ -64,10 +64,10 @@ def _head(claim: Owner | _Owners) -> Owner:
 Claim = Owner | _Owners
 
 
-def _with(claim: Claim | None, owner: Owner) -> Claim:
+def _with(claim: Claim, owner: Owner) -> Claim:
     """`claim` once `owner` claims the key too (a re-claim moves to the end)."""
-    if claim is None or claim is owner or claim == owner:
-        return owner if claim is None else claim
+    if claim is owner or claim == owner:
+        return claim
     return _order([*(o for o in _as_tuple(claim) if o != owner), owner])
 
 
@@ -94,7 +94,7 @@ class _FlatClaims(dict[Key, Claim]):
         """Let `owner`'s claim of `key` go; whether no key is claimed now."""
         claim = self.get(key)
         if claim is not None:
-            rest = None if claim is owner else _without(claim, owner)
+            rest = _without(claim, owner)
             if rest is None:
                 del self[key]
             else:
@@ -166,7 +166,7 @@ class _IndexedClaims:
         claim = group[index] if group is not None and index < len(group) else None
         if group is None or claim is None:
             return not self._count
-        group[index] = rest = None if claim is owner else _without(claim, owner)
+        group[index] = rest = _without(claim, owner)
         if rest is None:
             self._count -= 1
             while group and group[-1] is None:
