@@ -93,6 +93,9 @@ class Metered:
         self.user += r1.ru_utime - r0.ru_utime
         self.sys += r1.ru_stime - r0.ru_stime
 
+    def encoded(self, commands: Any) -> Any:
+        return self.inner.encoded(commands)
+
     def declare(self, texts: Any) -> None:
         self.inner.declare(texts)
 

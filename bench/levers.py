@@ -101,6 +101,9 @@ class _Collector:
         self.pending += commands
         self.fresh = self.fresh or fresh
 
+    def encoded(self, commands: Any) -> Any:
+        return commands  # the facade encodes the shards' commands as one transaction
+
     def declare(self, texts: Any) -> None:
         """nft text declarations (libnftables 1.0.6): sent at once."""
         self.backend.declare(texts)

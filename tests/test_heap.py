@@ -1,4 +1,5 @@
-"""agent/heap.py: what the agent's heap policy does to the garbage collector.
+"""agent/heap.py: what the agent's heap policy does to the garbage collector
+and the interpreter's switch interval.
 
 The policy is process-wide by design, so every test leaves the collector as
 it found it (enabled, nothing frozen)."""
@@ -6,12 +7,13 @@ it found it (enabled, nothing frozen)."""
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from nftproxy.agent.heap import AgentHeapPolicy
+from nftproxy.agent.heap import SWITCH_INTERVAL, AgentHeapPolicy
 
 
 class Cycle:
@@ -44,6 +46,18 @@ def test_the_collector_comes_back_when_a_build_fails() -> None:
     with pytest.raises(RuntimeError), AgentHeapPolicy().building(True):
         raise RuntimeError("refused")
     assert gc.isenabled()
+
+
+def test_a_full_build_switches_threads_sooner_until_it_ends() -> None:
+    before = sys.getswitchinterval()
+    assert before > SWITCH_INTERVAL
+    policy = AgentHeapPolicy()
+    with policy.building(False):
+        assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError), policy.building(True):
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
+        raise RuntimeError("refused")
+    assert sys.getswitchinterval() == before
 
 
 def test_every_sync_freezes_what_it_leaves() -> None:

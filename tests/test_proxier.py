@@ -519,3 +519,82 @@ def test_a_first_full_sync_onto_absent_tables_commits_chunks_of_whole_services(
         assert proxier.sync().full
         assert len(backend.sent) == 5
         assert listing(backend) == in_generation(table, "b")  # the choosers' maps: a -> b
+
+
+def _six_services() -> list[dict[str, Any]]:
+    objects = []
+    for i in range(6):
+        objects += [service(f"s{i}", f"10.96.1.{i + 1}"),
+                    endpoint_slice(f"s{i}", [(f"10.244.0.{i + 1}", NODE)])]
+    return objects
+
+
+class Overlapping(Recording):
+    """Recording whose commit of the first chunk waits (10 s at most) until
+    the step after it has been encoded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encodes = 0
+        self.next_encoded = threading.Event()
+        self.overlapped: bool | None = None
+
+    def encoded(self, commands: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+        self.encodes += 1
+        if self.encodes == 3:  # the skeleton, the first chunk, the second
+            self.next_encoded.set()
+        return super().encoded(commands)
+
+    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
+        if len(self.sent) == 1:
+            self.overlapped = self.next_encoded.wait(10)
+        super().commit(commands, fresh=fresh)
+
+
+def test_a_step_commits_while_the_next_is_staged(clock: Clock) -> None:
+    """libnftables takes one chunk while the agent stages and encodes the
+    next: the steps are recorded as taken, committed in a thread of their own."""
+    with started(Overlapping()) as backend:
+        assert isinstance(backend, Overlapping)
+        proxier = Proxier(CONFIG, backend, clock=clock, fresh_chunk=2)
+        listed(proxier, *_six_services())
+        assert proxier.sync().full
+        assert backend.overlapped is True
+        assert len(backend.sent) == 4
+        table = listing(backend)
+        proxier.request_full_sync()
+        assert proxier.sync().full and listing(backend) == in_generation(table, "b")
+
+
+def test_a_refused_chunk_stops_the_first_start_and_the_next_sync_converges(
+    backend: Recording, clock: Clock
+) -> None:
+    """The record runs ahead of the kernel by one step: after a refused chunk
+    nothing after it is committed, and the next (full) sync lists the
+    tables and builds what one transaction would."""
+    objects = _six_services()
+    whole = Recording()
+    with started(whole):
+        one = Proxier(CONFIG, whole, clock=clock)
+        listed(one, *objects)
+        one.sync()
+        want = listing(whole)
+    original = backend.commit
+
+    def refuse_the_second_chunk(
+        commands: Sequence[Mapping[str, Any]], *, fresh: bool = False
+    ) -> None:
+        if len(backend.sent) == 2:
+            backend.refuse_next = NftRejected("Could not process rule: Invalid argument")
+        original(commands, fresh=fresh)
+
+    backend.commit = refuse_the_second_chunk  # type: ignore[method-assign]
+    proxier = Proxier(CONFIG, backend, clock=clock, fresh_chunk=2)
+    listed(proxier, *objects)
+    with pytest.raises(NftRejected):
+        proxier.sync()
+    assert len(backend.sent) == 3  # the skeleton, the first chunk, the refused one
+    assert not [t for t in threading.enumerate() if t.name.startswith(("render-ahead", "commit"))]
+    report = proxier.sync()
+    assert report.full and len(backend.sent) > 4
+    assert listing(backend) == in_generation(want, "b")

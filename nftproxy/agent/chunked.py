@@ -1,13 +1,13 @@
 """Full syncs cut into steps, so that their memory follows a chunk, not the cluster.
 
 Layer: agent (orchestration over core/render.py and core/nft; no I/O of its
-own: the proxier's `send` commits). One job: turn a full sync of a large
-cluster into a sequence of transactions, each sent by the proxier's `_send`
-(drift bookkeeping, typeof dialect, errors as for any commit):
+own: the proxier records and commits). One job: turn a full sync of a
+large cluster into a sequence of transactions, each committed by the
+proxier (drift bookkeeping, typeof dialect, errors as for any commit):
 
 - onto ABSENT tables (first start): the skeletons (`stage_full`), then the
   service ports in sorted `chunks` (`stage_partial`), each recorded when
-  committed; nothing is there yet to keep consistent;
+  staged; nothing is there yet to keep consistent;
 - over EXISTING tables (agent restart, drift repair, periodic full sync):
   core/nft/resync.py's steps -- skeleton, chunks of owners' chains, then one
   final transaction that switches every shared map and removes what is no
@@ -17,19 +17,24 @@ cluster into a sequence of transactions, each sent by the proxier's `_send`
   the proxier sends today's single transaction.
 
 Steps are lazy: a step is staged when taken, after the previous one was
-committed (a chunk onto absent tables diffs against what the previous one
-recorded). Its render, which depends on nothing committed, runs one step
-ahead in a thread of its own (`_rendered_ahead`): libnftables runs with the
-GIL released (ctypes), so while the kernel takes one chunk the next is
-rendered on another core -- and compacted there too (`Records`: each
-owner's record, its chains' digests and its elements packed), which the
-staging would otherwise do beside it, holding the GIL.
+recorded (a chunk onto absent tables diffs against what the previous one
+recorded). `run_steps` records and encodes a step when it is staged and
+commits it in a thread of its own while the next is staged and encoded:
+libnftables runs with the GIL released (ctypes), so the kernel takes one
+chunk while Python makes the next. The record runs ahead of the kernel
+(by the step in flight and the one taken); a refused step stops the steps
+and makes the next sync full, which lists the tables and builds its record
+from the listing (`stage_full`, a resync), not from this one. A step's
+render, which depends on nothing recorded, runs one step further ahead in
+another thread (`_rendered_ahead`), and is compacted there too (`Records`:
+each owner's record, its chains' digests and its elements packed), which
+the staging would otherwise do beside it, holding the GIL.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -180,20 +185,30 @@ def _records(rendered: Rendered) -> Records:
 
 def run_steps(
     steps: Generator[Step, None, None],
-    send: Callable[[Mapping[IPFamily, Staged], Rendered], int],
+    take: Callable[[Mapping[IPFamily, Staged], Rendered], Callable[[], int]],
     clock: Callable[[], float],
 ) -> tuple[int, float, float]:
-    """Take, send and time each step: (commands, render s, commit s); a
-    refused step raises (the next sync is full and lists again) and stops
-    the steps (their render ahead too)."""
+    """Take each step in order -- `take` records and encodes it and returns
+    its commit -- and run each commit in a worker thread while the next step
+    is staged and taken. Returns (commands, render s: staging and taking the
+    steps, commit s: waiting for their commits). A refused step raises once
+    the step after it is taken; no later step is committed (nor rendered
+    ahead)."""
     ops, render_s, commit_s = 0, 0.0, 0.0
-    with closing(steps):
+    with (
+        closing(steps),
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit") as committer,
+    ):
+        pending: Future[int] | None = None
         while True:
             t_render = clock()  # the step is staged (its render waited for) when taken
             step = next(steps, None)
-            if step is None:
-                return ops, render_s, commit_s
+            commit = take(*step) if step is not None else None
             t_commit = clock()
-            ops += send(*step)
             render_s += t_commit - t_render
-            commit_s += clock() - t_commit
+            if pending is not None:
+                ops += pending.result()
+                commit_s += clock() - t_commit
+            if commit is None:
+                return ops, render_s, commit_s
+            pending = committer.submit(commit)

@@ -16,7 +16,9 @@ steps over values:
                endpoints goes in steps (agent/chunked.py): onto ABSENT tables
                the skeleton then the chunks; over existing ones (restart,
                drift, periodic) the same, then one final step that switches
-               the shared maps: memory follows the chunk, not the cluster
+               the shared maps: memory follows the chunk, not the cluster.
+               A step is recorded when staged and committed while the next
+               is staged; a refused one makes the next sync full
   report    -- a `SyncReport` of plain values, handed to the hooks; its
                figures about every service are kept per applied change
                (agent/tallies.py), so a sync without change costs nothing
@@ -45,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nftproxy.agent.chunked import Chunked, Records, Step, run_steps
 from nftproxy.agent.drift import DriftWatch, drift_reason
@@ -315,7 +318,7 @@ class Proxier:
     def _build_steps(self, steps: Generator[Step, None, None]) -> tuple[int, float, float]:
         """A full sync in steps (agent/chunked.py), each its own transaction."""
         with self._heap.building(True):
-            out = run_steps(steps, lambda s, r: self._send(s, r, fresh=False), self.clock)
+            out = run_steps(steps, self._take_step, self.clock)
         self._last_full = self.clock()
         return out
 
@@ -420,9 +423,31 @@ class Proxier:
         *,
         fresh: bool,
     ) -> int:
-        """One transaction of both families' commands, recorded once accepted
-        (`fresh`: a throwaway context); a refusal asks for a full sync, raises."""
-        commands = [c for s in staged.values() for c in s.commands]
+        """One transaction of both families' commands, recorded once accepted."""
+        ops = self._commit_staged(staged, [c for s in staged.values() for c in s.commands], fresh)
+        self._record(staged, rendered)
+        return ops
+
+    def _take_step(
+        self, staged: Mapping[IPFamily, Staged], rendered: Mapping[IPFamily, RenderedFamily]
+    ) -> Callable[[], int]:
+        """One step of a full sync, taken in order: recorded (ahead of the
+        kernel: agent/chunked.py) and encoded here; its commit is returned,
+        to run in another thread while the next step is staged."""
+        self._record(staged, rendered)
+        commands = self.backend.encoded([c for s in staged.values() for c in s.commands])
+        return lambda: self._commit_staged(staged, commands, fresh=False)
+
+    def _commit_staged(
+        self,
+        staged: Mapping[IPFamily, Staged],
+        commands: Sequence[Mapping[str, Any]],
+        fresh: bool,
+    ) -> int:
+        """Commit `commands` (both families' of `staged`) as one transaction,
+        after `staged`'s declarations (`fresh`: a throwaway context); a
+        refusal asks for a full sync, raises. Returns the number of
+        commands. Touches no record."""
         declarations = [d for s in staged.values() for d in s.declarations]
         try:
             if declarations:  # libnftables 1.0.6: what its JSON cannot declare
@@ -443,11 +468,16 @@ class Proxier:
         except NftError:
             self.request_full_sync()
             raise
+        return len(commands)
+
+    def _record(
+        self, staged: Mapping[IPFamily, Staged], rendered: Mapping[IPFamily, RenderedFamily]
+    ) -> None:
+        """Record a transaction in the tables' state and the no-local tallies."""
         for s in staged.values():
             s.commit()
         for family, r in rendered.items():
             self._families[family].no_local.record(r)
-        return len(commands)
 
     def _collect_garbage(self) -> None:
         """Delete the chains and sets earlier commits left flushed (EBUSY)."""

@@ -82,6 +82,9 @@ class FakeBackend:
         if texts:
             self._apply(parse_declarations(list(texts), v11=self._v11), text=True)
 
+    def encoded(self, commands: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+        return commands  # the model applies commands, not text
+
     def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
         if commands:
             self._apply(commands)

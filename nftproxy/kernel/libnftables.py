@@ -43,7 +43,7 @@ import contextlib
 import ctypes
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from nftproxy.core.nft.errors import (
     NftNotFound,
@@ -125,6 +125,29 @@ def _new_context() -> Any:
     ctx.set_json_output(True)
     ctx.set_echo_output(False)
     return ctx
+
+
+def _transaction(commands: Sequence[Mapping[str, Any]]) -> str:
+    return dumps({"nftables": [METAINFO, *commands]})
+
+
+class _Encoded(Sequence[Mapping[str, Any]]):
+    """Commands and the JSON text of their transaction (`NftBackend.encoded`)."""
+
+    __slots__ = ("commands", "text")
+
+    def __init__(self, commands: Sequence[Mapping[str, Any]], text: str) -> None:
+        self.commands, self.text = commands, text
+
+    @overload
+    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Mapping[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        return self.commands[index]
+
+    def __len__(self) -> int:
+        return len(self.commands)
 
 
 def _run(ctx: Any, text: str) -> tuple[int, str, str]:
@@ -261,7 +284,7 @@ class NftBackend(_netns.WorkerOwner[Any]):
         """
         if not commands:
             return
-        text = dumps({"nftables": [METAINFO, *commands]})
+        text = commands.text if isinstance(commands, _Encoded) else _transaction(commands)
         if fresh:
             rc, _, err = self._call(lambda _ctx: _run_fresh(text))
             malloc_trim()
@@ -269,6 +292,10 @@ class NftBackend(_netns.WorkerOwner[Any]):
             rc, _, err = self._call(lambda ctx: _run(ctx, text))
         if rc != 0:
             raise rejection(err.strip(), commands, first_index=1)
+
+    def encoded(self, commands: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+        """`commands` with their transaction's JSON text, which `commit` sends."""
+        return _Encoded(commands, _transaction(commands))
 
     def declare(self, texts: Sequence[str]) -> None:
         """Apply nft text commands as ONE transaction (the JSON context falls

@@ -44,6 +44,12 @@ class Backend(Protocol):
         nothing for an empty list. `fresh` asks for a throwaway context (a
         hint for large full syncs)."""
 
+    def encoded(self, commands: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+        """`commands` as `commit` takes them, with what it would first make
+        of them (libnftables: the JSON text) made now, in the calling thread:
+        a full sync in steps encodes one step while the previous one commits
+        (agent/chunked.py)."""
+
     def declare(self, texts: Sequence[str]) -> None:
         """Apply nft text commands (core/nft/ops.py `declare_text`: what
         libnftables 1.0.6's JSON cannot declare) as one atomic transaction."""
