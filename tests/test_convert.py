@@ -33,6 +33,8 @@ from nftproxy.core.convert import (
     service_ports,
     slice_info,
 )
+from nftproxy.core.convert.endpointslice import _plain_endpoint, _slice_endpoint
+from nftproxy.core.convert.problems import Report
 from nftproxy.core.model import (
     Endpoint,
     IPFamily,
@@ -803,6 +805,62 @@ def test_invalid_hints_are_reported_and_skipped() -> None:
         "endpoints[0].hints.forNodes",
     ]
     assert endpoints_of(info) == (E("10.0.0.1", zone_hints=frozenset({"zone-a"})),)
+
+
+_ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-1, 2), st.text(max_size=3),
+    st.lists(st.none(), max_size=1),
+)
+_IPS = st.one_of(
+    st.sampled_from(["10.0.0.1", "10.244.3.25", "0.0.0.0", "255.255.255.255", "192.168.1.10"]),
+    st.sampled_from(["010.0.0.1", "10.0.0.01", "256.1.1.1", "10.0.0", "10.0.0.1.2", "1e.0.0.1"]),
+    st.sampled_from(["fd00::1", "::ffff:10.0.0.1", "10.0.0.1%eth0", " 10.0.0.1"]),
+    st.just("\u0661\u0660.0.0.1"),  # Arabic-Indic digits: str.isdigit() says yes
+    _ANY_VALUE,
+)
+_ENTRIES = st.fixed_dictionaries(
+    {},
+    optional={
+        "addresses": st.one_of(st.lists(_IPS, max_size=2), _ANY_VALUE),
+        "conditions": st.one_of(
+            st.fixed_dictionaries(
+                {}, optional={k: _ANY_VALUE for k in ("ready", "serving", "terminating")}
+            ),
+            _ANY_VALUE,
+        ),
+        "nodeName": st.one_of(st.sampled_from([NODE, "node-b", ""]), _ANY_VALUE),
+        "zone": st.one_of(st.sampled_from(["zone-a", ""]), _ANY_VALUE),
+        "hints": st.one_of(st.none(), st.just({"forZones": [{"name": "zone-a"}]}), _ANY_VALUE),
+    },
+)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(entry=st.one_of(_ENTRIES, _ANY_VALUE), family=st.sampled_from([V4, V6]))
+def test_the_plain_reading_of_an_endpoint_is_the_full_one(entry: Any, family: IPFamily) -> None:
+    """The initial list's fast reading (`_plain_endpoint`) gives what the
+    full one gives without a problem, or leaves the entry to it."""
+    plain = _plain_endpoint(entry, family, NODE)
+    report = Report("EndpointSlice", "ns/web-abc")
+    full = _slice_endpoint(entry, "endpoints[0]", family, NODE, report)
+    if plain is not None:
+        assert (plain, report.problems) == (full, [])
+
+
+def test_the_plain_reading_takes_the_common_entries() -> None:
+    """Entries as the API serves them take the fast reading: with or without
+    conditions, node and zone."""
+    entries = [
+        {"addresses": ["10.244.1.7"]},
+        {"addresses": ["10.244.1.7"], "conditions": {"ready": True}, "nodeName": NODE},
+        {"addresses": ["10.244.1.7"], "conditions": {"ready": False, "serving": True,
+                                                     "terminating": True},
+         "nodeName": "node-b", "zone": "zone-a"},
+    ]
+    for entry in entries:
+        assert _plain_endpoint(entry, V4, NODE) is not None, entry
+    local = _plain_endpoint(entries[1], V4, NODE)
+    assert local == E("10.244.1.7", port=0, is_local=True, node_name=NODE)
 
 
 def test_slice_identity_and_family() -> None:
