@@ -82,14 +82,19 @@ def tune_malloc() -> bool:
     memory glibc can hand back. Measured with 1.0.6 at 10k services
     (nft-python-notes.md §2 "Memory"): RSS was 997 MB after one full
     transaction and still 268 MB after malloc_trim(0). Fixing
-    M_MMAP_THRESHOLD at 4 MiB keeps big buffers (the transaction text,
-    output buffers) in mmap, which free() returns at once -- the default
-    threshold grows after the first big free and then keeps them on the heap;
+    M_MMAP_THRESHOLD keeps big buffers (the transaction text, output
+    buffers) in mmap, which free() returns at once -- the default threshold
+    grows after the first big free and then keeps them on the heap;
     M_TRIM_THRESHOLD 256 MiB stops glibc from trimming the heap top on every
     free between syncs (explicit malloc_trim(0) after full syncs still
-    works). nft-incremental-notes.md "Recommendation" 5; the unit may set the
-    same values with GLIBC_TUNABLES instead. Returns False if this libc has
-    no mallopt or refused a value.
+    works). nft-incremental-notes.md "Recommendation" 5 (4 MiB there; the
+    unit may set the same values with GLIBC_TUNABLES instead). The threshold
+    is 512 KiB since a full sync's steps overlap (agent/chunked.py): two
+    steps' JSON texts, ~0.7 MB each at 10k x 10, are alive at once, and on
+    the heap they left it fragmented (steady RSS after a first start, 1.1.3,
+    five runs: 149.6-152.9 -> 148.6-149.9 MB at 10k x 10, 181-182 -> 176-177
+    MB at 5k x 50; bench/RESULTS.md). Returns False if this libc has no
+    mallopt or refused a value.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -98,7 +103,7 @@ def tune_malloc() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    ok_mmap: bool = mallopt(_M_MMAP_THRESHOLD, 4 * 1024 * 1024) == 1
+    ok_mmap: bool = mallopt(_M_MMAP_THRESHOLD, 512 * 1024) == 1
     ok_trim: bool = mallopt(_M_TRIM_THRESHOLD, 256 * 1024 * 1024) == 1
     return ok_mmap and ok_trim
 
