@@ -199,6 +199,36 @@ def test_a_sync_reads_only_the_ports_it_applied(
     assert len(report.local_endpoints) == 39 and len(report.health_check_ports) == 40
 
 
+def test_a_served_service_counts_the_local_endpoints_of_a_port_it_lacks(
+    backend: FakeBackend,
+) -> None:
+    """As kube-proxy's LocalReadyEndpoints: every port of the service's
+    endpoints counts, a slice's port name the Service does not have too --
+    whether the Service needs a health server before or after the slice
+    comes, on partial and full syncs alike."""
+    web = NamespacedName("ns", "web")
+    proxier, feed = synced_proxier(backend)
+    plain = service("web", "10.96.0.1")
+    served, _ = _web(0)
+    served = {**served, "metadata": plain["metadata"]}
+    served["spec"] = {**served["spec"], "clusterIP": "10.96.0.1", "clusterIPs": ["10.96.0.1"]}
+    other = endpoint_slice("web", [("10.244.0.5", NODE), ("10.244.0.6", "node-b")],
+                           ports=[("metrics", 9100, "TCP")])
+    feed.on_service(None, plain)
+    feed.on_endpoint_slice(None, other)
+    assert web not in proxier.sync().local_endpoints  # no health server for it
+    feed.on_service(plain, served)
+    assert proxier.sync().local_endpoints.get(web) == 1
+    proxier.request_full_sync()
+    assert proxier.sync().local_endpoints.get(web) == 1
+    moved = endpoint_slice("web", [("10.244.0.5", "node-b")], ports=[("metrics", 9100, "TCP")])
+    feed.on_endpoint_slice(other, moved)
+    assert web not in proxier.sync().local_endpoints
+    feed.on_service(served, plain)
+    feed.on_endpoint_slice(moved, other)
+    assert web not in proxier.sync().local_endpoints
+
+
 def _forbidden(self: object) -> Mapping[NamespacedName, int]:
     raise AssertionError("a sync read the whole map")
 

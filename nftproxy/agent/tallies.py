@@ -13,7 +13,11 @@ ones a sync touched -- without reading the whole maps on every sync:
   wins, the larger count wins), which a full sync recomputes (`rebuild`) and
   a partial sync updates for the ports it applied (`update`): O(changed).
   Only the ports that need a health server keep their local IPs (10,000
-  services with local endpoints: ~4 MB otherwise).
+  services with local endpoints: ~4 MB otherwise), and the endpoint ports
+  their Service lacks (a slice's port name the Service does not have):
+  kube-proxy counts a served service's local endpoints over every port of
+  its endpoints, and such a port is no port of the Service to tell whether
+  it is served.
 - `NoLocalTally`: per family, the service ports whose Local traffic policies
   found no local endpoint (the sync_proxy_rules_no_local_endpoints_total
   gauges), counted as the render step reports them.
@@ -69,7 +73,8 @@ class _FamilyHealth:
     ) -> None:
         check = port.health_check_node_port if port is not None and _needs_server(port) else 0
         _put(self.check_ports, spn, check or None)
-        ips = frozenset(ep.ip for ep in endpoints if ep.is_local and ep.ready) if check else None
+        keep = check or port is None  # a port the Service lacks counts if the Service is served
+        ips = frozenset(ep.ip for ep in endpoints if ep.is_local and ep.ready) if keep else None
         _put(self.local_ips, spn, ips or None)
 
     def check_port(self, svc: NamespacedName) -> int | None:
@@ -104,12 +109,16 @@ class HealthTally:
         """Recompute from the whole maps (a full sync)."""
         self._families = {f: _FamilyHealth() for f in self._order}
         self._ports, self._local = PersistentMap(), PersistentMap()
-        # from empty tallies, only the ports that need a server add anything
-        served = {
-            f: [spn for spn, port in s.services.items() if _needs_server(port)]
+        # from empty tallies, only the ports that need a server add anything,
+        # and the endpoint ports the Service lacks
+        kept = {
+            f: [
+                *(spn for spn, port in s.services.items() if _needs_server(port)),
+                *(spn for spn in s.endpoints if spn not in s.services),
+            ]
             for f, s in states.items()
         }
-        self.update(states, served)
+        self.update(states, kept)
 
     def update(
         self,
@@ -139,7 +148,7 @@ class HealthTally:
         for f in self._order:
             port = self._families[f].check_port(svc) or port
             local = max(local, self._families[f].local_count(svc))
-        return port, local or None
+        return port, (local or None) if port else None
 
 
 def _set(table: MapEdit[NamespacedName, int], key: NamespacedName, value: int | None) -> None:
