@@ -209,9 +209,8 @@ def test_a_served_service_counts_the_local_endpoints_of_a_port_it_lacks(
     web = NamespacedName("ns", "web")
     proxier, feed = synced_proxier(backend)
     plain = service("web", "10.96.0.1")
-    served, _ = _web(0)
-    served = {**served, "metadata": plain["metadata"]}
-    served["spec"] = {**served["spec"], "clusterIP": "10.96.0.1", "clusterIPs": ["10.96.0.1"]}
+    served = service("web", "10.96.0.1", type="LoadBalancer", node_ports=[30100],
+                     lb_ips=["192.0.2.1"], etp="Local", health_check_node_port=32100)
     other = endpoint_slice("web", [("10.244.0.5", NODE), ("10.244.0.6", "node-b")],
                            ports=[("metrics", 9100, "TCP")])
     feed.on_service(None, plain)
