@@ -30,6 +30,7 @@ from test_proxier import CONFIG, NODE, Recording, listed, listing, started
 from nftproxy.agent.proxier import Proxier
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.errors import NftBusy, NftRejected
+from nftproxy.core.nft.jsontext import transaction_text
 from nftproxy.core.nft.seam import Backend
 from nftproxy.kernel.fake import FakeBackend
 
@@ -159,7 +160,7 @@ def test_a_restart_in_chunks_ends_in_the_one_transaction_table(version: str) -> 
 
 def _size(commands: Sequence[Mapping[str, Any]]) -> int:
     """A transaction's size: its JSON text's (a command may hold many elements)."""
-    return len(json.dumps(commands))
+    return len(transaction_text(commands))
 
 
 def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> None:

@@ -50,6 +50,7 @@ from nftproxy.core.nft.errors import (
     NftUnavailable,
     rejection,
 )
+from nftproxy.core.nft.jsontext import transaction_text
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.kernel import netns as _netns
 from nftproxy.kernel.nftgen import read_generation
@@ -133,7 +134,7 @@ def _new_context() -> Any:
 
 
 def _transaction(commands: Sequence[Mapping[str, Any]]) -> str:
-    return dumps({"nftables": [METAINFO, *commands]})
+    return transaction_text(commands, head=METAINFO)
 
 
 class _Encoded(Sequence[Mapping[str, Any]]):
@@ -315,7 +316,7 @@ class NftBackend(_netns.WorkerOwner[Any]):
         """Run one JSON command (typically `{"list": {...}}`) and return the
         parsed output as one `{"nftables": [...]}` document (metainfo first,
         once, when libnftables printed any)."""
-        text = dumps({"nftables": [command]})
+        text = transaction_text([command])
         rc, out, err = self._call(lambda ctx: _run(ctx, text))
         if rc != 0:
             raise rejection(err.strip(), [command])
@@ -340,7 +341,7 @@ class NftBackend(_netns.WorkerOwner[Any]):
             {"list": {"maps": {"family": family}}},
             {"list": {"chains": {"family": family}}},
         ]
-        text = dumps({"nftables": batch})
+        text = transaction_text(batch)
         rc, out, err = self._call(lambda ctx: _run_terse(ctx, text))
         if rc != 0:
             error = rejection(err.strip(), batch)

@@ -26,6 +26,7 @@ from nftproxy.cluster.file import FileSource
 from nftproxy.cluster.recorder import Recorded, Recorder
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import Endpoint, IPFamily, ServicePort
+from nftproxy.core.nft.jsontext import command_text
 from nftproxy.core.nft.seam import Backend
 from nftproxy.kernel.fake import FakeBackend
 
@@ -57,7 +58,7 @@ def dry_run(paths: Sequence[str], config: ProxyConfig, *, summary: Any, commands
     for text in planned.declarations:  # libnftables 1.0.6: sent as nft text first
         print(json.dumps({"nft-text": text}, separators=(",", ":")), file=commands)
     for command in planned.commands:
-        print(json.dumps(command, separators=(",", ":")), file=commands)
+        print(command_text(command), file=commands)
 
 
 def _fed(paths: Sequence[str], config: ProxyConfig, backend: Backend) -> tuple[Proxier, Recorded]:

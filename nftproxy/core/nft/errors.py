@@ -35,10 +35,11 @@ index N failed"), so `command_index` is usually None
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from nftproxy.core.nft.jsontext import command_text
 
 __all__ = [
     "NftBusy",
@@ -81,7 +82,7 @@ class NftRejected(NftError):
     def __str__(self) -> str:
         text = self.kernel_message
         if self.command_index is not None:
-            shown = json.dumps(self.command, separators=(",", ":"))
+            shown = "null" if self.command is None else command_text(self.command)
             if len(shown) > 300:
                 shown = shown[:297] + "..."
             text += f" [command {self.command_index}: {shown}]"

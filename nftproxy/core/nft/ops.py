@@ -26,15 +26,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nftproxy.core.nft.jsontext import ElementList, key_json
 from nftproxy.core.nft.listing import expr_text
 from nftproxy.core.rules import names
-from nftproxy.core.rules.expr import prefix
 from nftproxy.core.rules.fragment import (
     SELECTORS,
     Chain,
     Element,
     Json,
-    Key,
     Rule,
     SetDecl,
 )
@@ -60,17 +59,6 @@ def _comment(fields: dict[str, Any], comment: str | None) -> dict[str, Any]:
     if comment:
         fields["comment"] = names.comment(comment)
     return fields
-
-
-def _key_part(part: str | int) -> Any:
-    """A key part as JSON: a CIDR text ("10.0.0.0/8", in interval keys)
-    becomes a prefix (a host prefix its address)."""
-    return prefix(part) if isinstance(part, str) and "/" in part else part
-
-
-def _key_json(key: Key) -> Any:
-    parts = [_key_part(p) for p in key]
-    return parts[0] if len(parts) == 1 else {"concat": parts}
 
 
 def typeof_key(key: tuple[str, ...]) -> Json:
@@ -188,20 +176,13 @@ class Table:
         return [{"add": {"element": self._obj(name=set_name, elem=list(elems))}}]
 
     def add_elements(self, set_name: str, elements: Iterable[Element]) -> list[Json]:
-        elem = [_element_json(e, with_comment=True) for e in elements]
-        return self.add_set_elements(set_name, elem)
+        elem = ElementList(tuple(elements), with_comment=True)
+        if not elem:
+            return []
+        return [{"add": {"element": self._obj(name=set_name, elem=elem)}}]
 
     def delete_elements(self, set_name: str, elements: Iterable[Element]) -> list[Json]:
-        elem = [_key_json(e.key) for e in elements]
+        elem = [key_json(e.key) for e in elements]
         if not elem:
             return []
         return [{"delete": {"element": self._obj(name=set_name, elem=elem)}}]
-
-
-def _element_json(e: Element, *, with_comment: bool) -> Any:
-    key = _key_json(e.key)
-    if with_comment and e.comment:
-        key = {"elem": {"val": key, "comment": names.comment(e.comment)}}
-    if e.value is None:
-        return key
-    return [key, e.value.to_json()]
