@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import Endpoint, IPFamily, NodeInfo, ServicePort
@@ -89,6 +89,11 @@ class PortPlan:
     shared: bool
     """Every destination of the port goes through the shared choosers
     (rules/dispatch.py) and the port has no chain of its own (`_shares`)."""
+    label: str
+    """str(port.name), as comments start."""
+    seps: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """The render's memo: endpoint address -> its KUBE-SEP name (an endpoint
+    is named once per destination: cluster IP, node port, external IPs)."""
 
     @property
     def internal_chain(self) -> str:
@@ -143,6 +148,7 @@ def plan_port(port: ServicePort, endpoints: Sequence[Endpoint], ctx: RenderConte
         uses_ext_chain=uses_ext_chain,
         uses_fw_chain=bool(port.load_balancer_vips and port.load_balancer_source_ranges),
         shared=_shares(port, cats, has_internal, uses_ext_chain),
+        label=str(port.name),
     )
 
 
@@ -173,7 +179,7 @@ def _key(ip: str, port: ServicePort, number: int) -> tuple[str, str, int]:
 
 
 def _cluster_ip_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
-    port, label = p.port, str(p.port.name)
+    port, label = p.port, p.label
     key = _key(port.cluster_ip, port, port.port)
     out = [Element(sk.CLUSTER_IPS, (port.cluster_ip,))]
     if not p.has_internal:
@@ -190,7 +196,7 @@ def _external_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
     to the external-local chain and its choosers maps, with eTP=Cluster
     marked for masquerade to the cluster chooser; no (local) endpoints ->
     reject/drop."""
-    port, label = p.port, str(p.port.name)
+    port, label = p.port, p.label
     ext = names.external_chain(port.name)
     out: list[Element] = []
     for ip in (*port.external_ips, *port.load_balancer_vips):
@@ -208,7 +214,7 @@ def _external_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
 
 
 def _nodeport_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
-    port, label = p.port, str(p.port.name)
+    port, label = p.port, p.label
     if not port.node_port:
         return []
     key = (port.protocol.nft, port.node_port)
@@ -357,8 +363,11 @@ def _endpoint_tail(
 
 
 def _endpoint_comment(p: PortPlan, ep: Endpoint, what: str = "") -> str:
-    text = f"{p.port.name} -> {ep.address}{what}"
-    return names.tagged(text, names.endpoint_chain(p.port.name, ep))
+    address = ep.address
+    sep = p.seps.get(address)
+    if sep is None:
+        sep = p.seps[address] = names.endpoint_chain(p.port.name, ep)
+    return names.tagged(f"{p.label} -> {address}{what}", sep)
 
 
 def _affinity_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderContext) -> list[Rule]:
@@ -420,7 +429,7 @@ def _policy_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[E
 def _external_chain(p: PortPlan, ctx: RenderContext) -> list[Chain]:
     if not p.uses_ext_chain:
         return []
-    spn, label = p.port.name, str(p.port.name)
+    spn, label = p.port.name, p.label
     svc = expr.goto(names.service_chain(spn))
     if not p.port.external_policy_local:
         rules = [
