@@ -122,6 +122,58 @@ def test_b_drift_watch_off_never_reads() -> None:
     assert not watch.changed()
 
 
+def test_b_drift_watch_reads_a_full_sync_in_steps_once_after_its_commits() -> None:
+    generation = [7]
+    reads: list[int] = []
+
+    def read() -> int:
+        reads.append(generation[0])
+        return generation[0]
+
+    clock = Clock()
+    watch = DriftWatch(read, period=10.0, clock=clock)
+    with watch.committing_steps():
+        for _ in range(3):
+            with watch.committing(["cmd"]):
+                generation[0] += 1  # our steps
+        assert reads == [], "no reading before each step"
+    assert reads == [10]
+    clock.now += 10
+    assert not watch.changed(), "our own steps are not drift"
+    generation[0] += 1  # someone else's
+    clock.now += 10
+    assert watch.changed()
+    with contextlib.suppress(RuntimeError), watch.committing_steps():
+        with watch.committing(["cmd"]):
+            generation[0] += 1
+        raise RuntimeError("the second step refused")
+    assert reads[-1] == 12, "read after a refused step too"
+
+
+def test_b_a_first_sync_in_steps_reads_the_generation_once() -> None:
+    backend = FakeBackend()
+    backend.start()
+    reads: list[int] = []
+    generation = backend.generation
+
+    def counted() -> int:
+        reads.append(generation())
+        return reads[-1]
+
+    backend.generation = counted  # type: ignore[method-assign]
+    proxier = Proxier(config(), backend, clock=Clock(), drift_check_period=5.0, fresh_chunk=1)
+    feed = intake(proxier)
+    for i in range(4):
+        feed.on_service(None, service(f"web{i}", f"10.96.0.{10 + i}"))
+        feed.on_endpoint_slice(None, endpoint_slice(f"web{i}", [(f"10.244.0.{11 + i}", NODE)]))
+    feed.on_synced(KIND_SERVICES)
+    feed.on_synced(KIND_ENDPOINT_SLICES)
+    before = generation()
+    assert proxier.sync().full
+    assert generation() - before >= 5, "the skeleton and four chunks, each its own commit"
+    assert reads == [generation()]
+
+
 def fake_proxier(backend: FakeBackend, reasons: list[str], clock: Clock) -> Proxier:
     proxier = Proxier(
         config(), backend, clock=clock, drift_check_period=5.0, on_drift=reasons.append

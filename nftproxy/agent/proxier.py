@@ -317,7 +317,7 @@ class Proxier:
 
     def _build_steps(self, steps: Generator[Step, None, None]) -> tuple[int, float, float]:
         """A full sync in steps (agent/chunked.py), each its own transaction."""
-        with self._heap.building(True):
+        with self._heap.building(True), self._drift.committing_steps():
             out = run_steps(steps, self._take_step, self.clock)
         self._last_full = self.clock()
         return out
