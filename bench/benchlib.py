@@ -291,7 +291,9 @@ class FedProxier:
     `set_change_callback` sets what the Proxier's on_change calls (a runner's
     kick)."""
 
-    def __init__(self, config: Any, backend: Any, hooks: Sequence[Callable[..., None]]) -> None:
+    def __init__(
+        self, config: Any, backend: Any, hooks: Sequence[Callable[..., None]], **kw: Any
+    ) -> None:
         from nftproxy.agent.heap import AgentHeapPolicy
         from nftproxy.agent.intake import Intake
         from nftproxy.agent.proxier import Proxier
@@ -308,6 +310,7 @@ class FedProxier:
             hooks=list(hooks),
             on_change=lambda: self._changed(),
             heap=AgentHeapPolicy(malloc_trim),
+            **kw,
         )
         self.events = Intake(self.proxier, node_name=config.node_name, report=lambda _: None)
 
@@ -320,9 +323,10 @@ class FedProxier:
 
 
 def make_proxier(
-    backend: Any, config: Any = None, hooks: Sequence[Callable[..., None]] = ()
+    backend: Any, config: Any = None, hooks: Sequence[Callable[..., None]] = (), **kw: Any
 ) -> Any:
-    proxier = FedProxier(config or bench_config(), backend, hooks)
+    """`kw`: more of the Proxier's arguments (e.g. drift_check_period)."""
+    proxier = FedProxier(config or bench_config(), backend, hooks, **kw)
     proxier.on_node(node_obj())
     return proxier
 

@@ -25,7 +25,8 @@
 #               split full commits, gc.freeze) run only when named: levers
 #               partial_sync_levers partial_sync_noaff partial_sync_ladder
 #               cold_sync_levers cold_sync_nofresh cold_sync_split
-#               churn_levers churn_gcfreeze.
+#               churn_levers churn_gcfreeze; so does sync_phases (where a
+#               first full sync's CPU goes, phase by phase).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out="$here/bench/results"
@@ -112,6 +113,7 @@ run product partial_sync bench/partial_sync.py --variants baseline --sizes 1000x
 run product partial_sync_45k bench/partial_sync.py --variants baseline --sizes 45000x1
 run product churn bench/churn.py --variants baseline
 run product dataplane bench/dataplane.py
+run levers sync_phases bench/sync_phases.py --sizes 10000x10,45000x1
 
 # The levers (bench/levers.py) around the real Proxier: shard tables, split
 # full commits, gc.freeze (the inline DNAT and shared source-range sets are

@@ -199,6 +199,21 @@ def test_churn_reports_programming_latency_and_cpu() -> None:
         assert is_number(row["cpu_proxy"]) and is_number(row["cpu_total"])
 
 
+def test_sync_phases_reports_each_phase_of_a_first_sync() -> None:
+    got = cases(run_quick("sync_phases.py"))
+    (row,) = got.values()
+    assert row["case"] == "200x5/first_sync"
+    assert is_number(row["sync_s"]) and is_number(row["cpu_s"]) and row["json_mb"] > 0
+    assert row["transactions"] >= 2, "the skeleton, then the chunks: steps"
+    phases = row["phases"]
+    assert set(phases) == {"render", "compact", "stage", "encode", "record", "snapshot",
+                           "commit", "nft"}
+    for name, times in phases.items():
+        assert is_number(times["cpu_s"]) and is_number(times["wall_s"]), name
+    for name in ("render", "encode", "nft"):  # each was wrapped, and ran
+        assert phases[name]["cpu_s"] > 0, name
+
+
 def test_dataplane_reports_rates_latencies_and_ratios() -> None:
     got = cases(run_quick("dataplane.py"))
     measured = [r for c, r in got.items() if not c.startswith("ratio/")]

@@ -5,6 +5,8 @@ objects of one transaction (`{"add": {"chain": {...}}}` and friends), and
 enforce the kernel's limits while doing so (names < 256 bytes, comments
 <= 128 bytes: an over-long comment would make the kernel reject the whole
 atomic transaction, kubernetes#139515), so no bad object reaches the kernel.
+A set element's JSON (and its comment's budget) is core/nft/jsontext.py's:
+an add-element command carries the Element values in an `ElementList`.
 
 Set and map declarations come in two dialects (`Table.typeof`), because the
 two userspaces nftproxy runs with cannot share one (docs/userspaces.md):
