@@ -136,9 +136,8 @@ def main() -> int:
     reps = args.reps or (1 if args.quick else 2)
     bl.emit(BENCH, "machine", **bl.machine_info(), mix=bl.MIX_DESCRIPTION)
     rows = []
-    for label in sizes.split(","):
-        services, endpoints = (int(x) for x in label.split("x"))
-        shape = bl.ClusterShape(services, endpoints)
+    for size in sizes.split(","):
+        shape = bl.parse_shape(size)
         for rep in range(reps):
             if not args.quick:
                 bl.wait_quiet()

@@ -17,7 +17,7 @@ into text by `command_text` when the command is sent.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any, overload
 
@@ -95,7 +95,7 @@ class ElementList(Sequence[Any]):
 
     __slots__ = ("_elements", "_with_comment")
 
-    def __init__(self, elements: Sequence[Element], *, with_comment: bool) -> None:
+    def __init__(self, elements: Iterable[Element], *, with_comment: bool) -> None:
         self._elements = tuple(elements)
         self._with_comment = with_comment
 

@@ -178,7 +178,7 @@ class Table:
         return [{"add": {"element": self._obj(name=set_name, elem=list(elems))}}]
 
     def add_elements(self, set_name: str, elements: Iterable[Element]) -> list[Json]:
-        elem = ElementList(tuple(elements), with_comment=True)
+        elem = ElementList(elements, with_comment=True)
         if not elem:
             return []
         return [{"add": {"element": self._obj(name=set_name, elem=elem)}}]
