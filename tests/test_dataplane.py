@@ -250,10 +250,37 @@ TERMINATING = {"ready": False, "serving": True, "terminating": True}
 GONE = {"ready": False, "serving": False, "terminating": True}
 
 
-def all_ok(attempts: Sequence[Attempt]) -> Counter[str]:
+@dataclass
+class Timeline:
+    """What a test did when (`time.monotonic()`, the clock of `Attempt.at`),
+    so a failed attempt can be placed among the syncs around it."""
+
+    events: list[tuple[str, float, float]]
+
+    def sync(self, cluster: Cluster, what: str) -> SyncReport:
+        start = time.monotonic()
+        report = cluster.sync()
+        self.events.append((what, start, time.monotonic()))
+        return report
+
+    def around(self, a: Attempt, margin: float = 0.05) -> str:
+        """The events within `margin` s of the attempt, times relative to its start."""
+        end = a.at + a.seconds
+        near = [
+            f"{what} {t0 - a.at:+.4f}..{t1 - a.at:+.4f}s"
+            for what, t0, t1 in self.events
+            if t0 - margin < end and t1 + margin > a.at
+        ]
+        return "; ".join(near) or "no event nearby"
+
+
+def all_ok(attempts: Sequence[Attempt], timeline: Timeline | None = None) -> Counter[str]:
     """Assert every attempt was answered; who answered how often."""
     failed = [a for a in attempts if not a.ok]
-    assert not failed, f"{len(failed)}/{len(attempts)} failed: {errors(attempts)}; e.g. {failed[0]}"
+    where = "".join(f"\n  {a} amid: {timeline.around(a)}" for a in failed[:5]) if timeline else ""
+    assert not failed, (
+        f"{len(failed)}/{len(attempts)} failed: {errors(attempts)}; e.g. {failed[0]}{where}"
+    )
     return answered_by(attempts)
 
 
@@ -762,6 +789,7 @@ def test_no_connection_fails_while_rules_change(topo: Topology, cluster: Cluster
         syncs = 0
         started = time.monotonic()
         round_ = 0
+        timeline = Timeline([])
         # at least 6 s of traffic and 20 syncs, whichever comes last: on a slow
         # machine 6 s held 16 syncs; never more than 60 s
         while (syncs < 20 or time.monotonic() < started + 6.0) and (
@@ -776,11 +804,12 @@ def test_no_connection_fails_while_rules_change(topo: Topology, cluster: Cluster
             if round_ > 1:
                 cluster.delete(svc(f"other{round_ - 1}", 100 + (round_ - 1) % 50))
                 cluster.delete(slices(f"other{round_ - 1}", steady))
-            cluster.sync()
+            timeline.sync(cluster, f"sync adding {extra.name}")
             cluster.apply(slices("live", steady))
-            if round_ % 3 == 0:
+            full = round_ % 3 == 0
+            if full:
                 cluster.proxier.request_full_sync()
-            report = cluster.sync()
+            report = timeline.sync(cluster, f"{'full ' if full else ''}sync removing {extra.name}")
             syncs += 2
             assert report.ops > 0
             time.sleep(0.05)
@@ -790,7 +819,7 @@ def test_no_connection_fails_while_rules_change(topo: Topology, cluster: Cluster
     assert syncs >= 20
     for name, attempts in (("client tcp", tcp), ("pod udp", udp)):
         assert len(attempts) >= 100, f"{name}: too little traffic to mean anything"
-        all_ok(attempts)
+        all_ok(attempts, timeline)
         assert set(answered_by(attempts)) <= {"local1", "remote1", "local2", "remote2"}
 
 

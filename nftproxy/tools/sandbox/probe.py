@@ -12,7 +12,7 @@ Layer: edge. One job, two halves:
   `count` attempts in turn (or round-robin until stdin reaches EOF with
   `--until-eof`), each on a fresh socket, so a fresh source port and
   conntrack entry. It prints one JSON document:
-  `{"attempts": [{"target", "src", "answer", "error", "seconds"}, ...]}`.
+  `{"attempts": [{"target", "src", "answer", "error", "seconds", "at"}, ...]}`.
   An attempt either has the backend's answer line or one error kind:
   `refused` (TCP RST, or ICMP port unreachable for UDP/SCTP), `timeout`
   (nothing came back: the drop case), `unreachable` (ICMP host/net
@@ -75,6 +75,10 @@ class Attempt:
     """The backend's line, e.g. `pod1 peer=10.244.0.1:40000`; None on error."""
     error: str | None
     seconds: float
+    at: float = 0.0
+    """When the attempt started: `time.monotonic()` of the probe process
+    (CLOCK_MONOTONIC, the same clock in every process and namespace of the
+    machine), so a failure can be placed among the caller's own events."""
 
     @property
     def ok(self) -> bool:
@@ -174,7 +178,7 @@ def attempt(
                 error = "closed"
     except OSError as exc:
         error = _error_kind(exc)
-    return Attempt(target, src, answer, error, round(time.monotonic() - start, 4))
+    return Attempt(target, src, answer, error, round(time.monotonic() - start, 4), start)
 
 
 def _pairs(values: Sequence[str]) -> list[tuple[str, int]]:
@@ -248,6 +252,7 @@ def _as_json(a: Attempt) -> dict[str, Any]:
         "answer": a.answer,
         "error": a.error,
         "seconds": a.seconds,
+        "at": a.at,
     }
 
 
@@ -296,7 +301,14 @@ def _parse(stdout: str, stderr: str, rc: int) -> list[Attempt]:
     try:
         doc = json.loads(stdout)
         return [
-            Attempt(a["target"], a["src"], a["answer"], a["error"], float(a["seconds"]))
+            Attempt(
+                a["target"],
+                a["src"],
+                a["answer"],
+                a["error"],
+                float(a["seconds"]),
+                float(a.get("at", 0.0)),
+            )
             for a in doc["attempts"]
         ]
     except (ValueError, KeyError, TypeError) as exc:
