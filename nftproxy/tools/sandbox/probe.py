@@ -302,12 +302,7 @@ def _parse(stdout: str, stderr: str, rc: int) -> list[Attempt]:
         doc = json.loads(stdout)
         return [
             Attempt(
-                a["target"],
-                a["src"],
-                a["answer"],
-                a["error"],
-                float(a["seconds"]),
-                float(a.get("at", 0.0)),
+                a["target"], a["src"], a["answer"], a["error"], float(a["seconds"]), float(a["at"])
             )
             for a in doc["attempts"]
         ]
