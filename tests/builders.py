@@ -41,7 +41,17 @@ from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.detect import local_detector
 from nftproxy.core.rules.dispatch import generation_chains
-from nftproxy.core.rules.fragment import Chain, Element, Fragment, Key, Rule, Target, Verdict
+from nftproxy.core.rules.fragment import (
+    Chain,
+    Element,
+    Fragment,
+    Key,
+    Rule,
+    Target,
+    Verdict,
+    affinity_table_name,
+    kernel_name,
+)
 from nftproxy.core.rules.service import RenderContext, RenderedPort, render_service_port
 from nftproxy.core.rules.skeleton import is_endpoints_map
 
@@ -189,7 +199,11 @@ def render(
 
 
 def chain_of(fragment: Fragment, name: str) -> Chain:
-    found = [c for c in fragment.chains if c.name == name]
+    """The fragment's chain `name`, in whichever table it is (a port with
+    ClientIP affinity has its chains in the affinity table: fragment.AFFINITY_TABLE)."""
+    found = [c for c in fragment.chains if c.name == name] or [
+        c for c in fragment.chains if kernel_name(c.name) == name
+    ]
     assert len(found) == 1, f"{name} appears {len(found)} times in the fragment"
     return found[0]
 
@@ -265,11 +279,12 @@ def labels(port: ServicePort) -> dict[str, str]:
     """Chain name -> short label: SVC, SVL, EXT (no KUBE-SEP/KUBE-FW chains in v2);
     the skeleton's shared choosers (v7) by their own name: dispatch-tcp-a-1."""
     spn = port.name
+    own = {names.service_chain(spn): "SVC", names.local_chain(spn): "SVL",
+           names.external_chain(spn): "EXT"}
     return {
         **{chain: chain for chain in generation_chains(sk.GENERATIONS)},
-        names.service_chain(spn): "SVC",
-        names.local_chain(spn): "SVL",
-        names.external_chain(spn): "EXT",
+        **own,
+        **{affinity_table_name(chain): label for chain, label in own.items()},
         "KUBE-REJECT": "KUBE-REJECT",
     }
 

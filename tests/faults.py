@@ -30,7 +30,8 @@ from nftproxy.agent.agent import Agent
 from nftproxy.cluster.events import ClusterEvents
 from nftproxy.cluster.file import FileSource, WatchedFiles
 from nftproxy.core.config import ProxyConfig
-from nftproxy.core.rules import skeleton
+from nftproxy.core.nft.listing import merged_document
+from nftproxy.core.rules import names, skeleton
 from nftproxy.kernel import netns
 from nftproxy.kernel.conntrack import Conntrack
 from nftproxy.kernel.libnftables import NftBackend
@@ -106,16 +107,22 @@ def repairs(agent: Agent, reason: str) -> float:
     return sample(agent, "nftproxy_drift_repairs_total", reason=reason)
 
 
-def our_table(doc: Mapping[str, Any], family: str) -> dict[str, Any] | None:
-    """Our table of `family` out of a listed ruleset (libnftables JSON), as a
-    document of its own; None when it is absent."""
+def _one_table(doc: Mapping[str, Any], family: str, name: str) -> dict[str, Any] | None:
     items = [
         item
         for item in doc["nftables"]
         for obj in item.values()
-        if obj.get("family") == family and obj.get("table", obj.get("name")) == TABLE
+        if obj.get("family") == family and obj.get("table", obj.get("name")) == name
     ]
     return {"nftables": items} if any("table" in item for item in items) else None
+
+
+def our_table(doc: Mapping[str, Any], family: str) -> dict[str, Any] | None:
+    """Our tables of `family` (the main table and its affinity table, read as
+    one: listing.merged_document) out of a listed ruleset (libnftables
+    JSON), as a document of its own; None when neither is there."""
+    main = _one_table(doc, family, TABLE)
+    return merged_document(main, _one_table(doc, family, names.affinity_table(TABLE)), TABLE)
 
 
 def tables(ns: str) -> dict[str, Any]:
@@ -178,8 +185,10 @@ def counts(ns: str) -> dict[str, Counts | None]:
 
 
 def drop_tables(ns: str) -> None:
+    """Delete our tables (each family's main and affinity tables)."""
     kernel.nft(ns, "-f", "-", stdin="".join(
-        f"add table {f} {TABLE}\ndelete table {f} {TABLE}\n" for f in ("ip", "ip6")))
+        f"add table {f} {t}\ndelete table {f} {t}\n"
+        for f in ("ip", "ip6") for t in (TABLE, names.affinity_table(TABLE))))
 
 
 class Failures:

@@ -50,6 +50,7 @@ from nftproxy.agent.report import SyncReport
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents
 from nftproxy.cluster.kube import KubeSource
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.nft.listing import list_family
 from nftproxy.core.nft.seam import Backend
 from nftproxy.kernel.libnftables import NftBackend
 
@@ -276,7 +277,7 @@ class Harness:
 
     @staticmethod
     def _tables(backend: Backend) -> dict[str, Any]:
-        return {f: kernel.canonical(backend.list_table(f, CONFIG.table_name))
+        return {f: kernel.canonical(list_family(backend.list_table, f, CONFIG.table_name))
                 for f in ("ip", "ip6")}
 
 

@@ -143,6 +143,8 @@ BASE_CHAINS = {
     "filter-forward": ("filter", "forward", 0),
     "filter-output": ("filter", "output", 0),
     "nat-postrouting": ("nat", "postrouting", 100),
+    "affinity:nat-prerouting": ("nat", "prerouting", -99),
+    "affinity:nat-output": ("nat", "output", -99),
 }
 
 KUBE_CHAINS = {
@@ -156,6 +158,10 @@ KUBE_CHAINS = {
     "KUBE-POSTROUTING",
     "KUBE-FORWARD",
 }
+
+AFFINITY_CHAINS = {"affinity:KUBE-SERVICES", "affinity:KUBE-MARK-MASQ"}
+"""The affinity table's regular chains (nftproxy-affinity: KUBE-SERVICES,
+KUBE-MARK-MASQ); the planner names its objects "affinity:<name>"."""
 
 Rules = list[tuple[list[Any], str | None]]
 
@@ -236,11 +242,23 @@ GOLDEN_V4: dict[str, Rules] = {
        for p in PROTOCOLS for n in COUNTS},
     "external-local-a": external_local(addr_proto_port("ip"), "external"),
     "nodeport-local-a": external_local(PROTO_PORT, "nodeport"),
+    # the affinity table (nftproxy-affinity): its rules name its own objects
+    "affinity:nat-prerouting": [([jump("KUBE-SERVICES")], None)],
+    "affinity:nat-output": [([jump("KUBE-SERVICES")], None)],
+    "affinity:KUBE-SERVICES": [
+        ([vmap(addr_proto_port("ip"), "service-ips")],
+         "ClusterIP, ExternalIP and LoadBalancer IP traffic (ClientIP affinity)"),
+        ([FIB_DADDR_LOCAL, NOT_LOOPBACK_V4, vmap(PROTO_PORT, "service-nodeports")],
+         "NodePort traffic (ClientIP affinity)"),
+    ],
+    "affinity:KUBE-MARK-MASQ": [([mark_or(16384)], None)],
 }
 
 
-def _set(kind: str, name: str, type_: Any, comment: str, **extra: Any) -> dict[str, Any]:
-    fields = {"family": "ip", "table": "nftproxy", "name": name, "type": type_, **extra}
+def _set(
+    kind: str, name: str, type_: Any, comment: str, table: str = "nftproxy", **extra: Any
+) -> dict[str, Any]:
+    fields = {"family": "ip", "table": table, "name": name, "type": type_, **extra}
     return {"add": {kind: {**fields, "comment": comment}}}
 
 
@@ -272,4 +290,10 @@ GOLDEN_SETS_V4 = [
                                  ("nodeport", TWO, "node port"))
         for which in ("cluster", "local")
     ),
+    _set("map", "service-ips", THREE, "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+         "nftproxy-affinity", map="verdict"),
+    _set("map", "service-nodeports", TWO, "NodePort traffic", "nftproxy-affinity",
+         map="verdict"),
+    _set("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic",
+         "nftproxy-affinity"),
 ]

@@ -33,6 +33,7 @@ from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents
 from nftproxy.cluster.kube import KubeSource
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.nft.listing import list_family
 from nftproxy.kernel.fake import FakeBackend
 
 NODE = "node-a"
@@ -47,7 +48,10 @@ CONFIG = ProxyConfig(
 
 
 def _listing(backend: FakeBackend) -> dict[str, Any]:
-    return {f: kernel.canonical(backend.list_table(f, CONFIG.table_name)) for f in ("ip", "ip6")}
+    return {
+        f: kernel.canonical(list_family(backend.list_table, f, CONFIG.table_name))
+        for f in ("ip", "ip6")
+    }
 
 
 def _expected(api: FakeApiServer) -> dict[str, Any]:

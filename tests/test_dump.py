@@ -24,12 +24,13 @@ from typing import Any
 import kernel
 import pytest
 from feed import intake
-from k8s import service
+from k8s import endpoint_slice, service
 
 from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import Endpoint, IPFamily, L4Protocol, ServicePortName
+from nftproxy.core.nft.listing import list_family
 from nftproxy.core.rules import expr, names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.kernel import netns as nsutil
@@ -162,9 +163,40 @@ def _sample_listing(family: str) -> dict[str, object]:
     events.on_synced(KIND_SERVICES)
     events.on_synced(KIND_ENDPOINT_SLICES)
     proxier.sync()
-    doc = backend.list_table(family, proxier.config.table_name)
+    doc = list_family(backend.list_table, family, proxier.config.table_name)
     assert doc is not None
     return doc
+
+
+def test_a_port_with_affinity_is_read_through_the_affinity_table() -> None:
+    """Ruleset v9: its destinations are `accept` in the main table's maps and
+    gotos into its chains in the affinity table's; dump shows it as before
+    (internalTrafficPolicy from the KUBE-SVL the goto names, the node port,
+    the chains, the cascade's endpoints, the timeout)."""
+    backend = FakeBackend()
+    backend.start()
+    proxier = Proxier(ProxyConfig(node_name="node-a"), backend)
+    events = intake(proxier)
+    events.on_service(None, service("sticky", "10.96.0.7", type="NodePort", node_ports=(30077,),
+                                    itp="Local", affinity_timeout=300))
+    events.on_endpoint_slice(None, endpoint_slice(
+        "sticky", [("10.244.0.5", "node-a"), ("10.244.0.6", "node-a"), ("10.244.1.7", "b")]))
+    events.on_synced(KIND_SERVICES)
+    events.on_synced(KIND_ENDPOINT_SLICES)
+    proxier.sync()
+    doc = list_family(backend.list_table, "ip", "nftproxy")
+    assert doc is not None
+    main = backend.list_table("ip", "nftproxy")
+    assert main is not None and "KUBE-SVL-" not in json.dumps(
+        [o for o in main["nftables"] if "chain" in o or "rule" in o])
+    (view,) = parse_table(doc, family="ip", table="nftproxy").to_json()["services"]
+    spn = ServicePortName("ns", "sticky", "http", L4Protocol.TCP)
+    assert view["policies"]["internalTrafficPolicy"] == "Local"
+    assert (view["vips"], view["node_port"]) == ([{"address": "10.96.0.7", "port": 80}], 30077)
+    assert view["chains"] == [names.service_chain(spn), names.local_chain(spn),
+                              names.external_chain(spn)]
+    assert sorted(e["address"] for e in view["local_endpoints"]) == ["10.244.0.5", "10.244.0.6"]
+    assert view["affinity_timeout"] == 300
 
 
 def test_ipv6_text_is_bracketed_and_json_keeps_address_and_port_apart() -> None:

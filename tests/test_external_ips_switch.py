@@ -31,6 +31,7 @@ from k8s import endpoint_slice, node, service
 
 from nftproxy.agent.agent import Agent
 from nftproxy.agent.intake import InvalidField
+from nftproxy.core.nft.listing import list_family
 from nftproxy.kernel.libnftables import NftBackend
 from nftproxy.tools import cli
 from nftproxy.tools.sandbox.addresses import NODE_IPV4, NODE_IPV6, Spec
@@ -116,7 +117,7 @@ def sample(agent: Agent, name: str, **labels: str) -> float:
 
 
 def table_text(agent: Agent) -> str:
-    return str([agent.backend.list_table(f, TABLE) for f in ("ip", "ip6")])
+    return str([list_family(agent.backend.list_table, f, TABLE) for f in ("ip", "ip6")])
 
 
 @pytest.mark.parametrize("flags", [[], ["--allow-service-external-ips"]], ids=["default", "on"])

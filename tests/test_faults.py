@@ -27,7 +27,6 @@ import contextlib
 import itertools
 import logging
 import re
-import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -44,6 +43,7 @@ from faults import (
     Failures,
     UdpFlow,
     config,
+    drop_tables,
     net_admin,
     repairs,
     running_agent,
@@ -301,9 +301,7 @@ def node_ns(topo: Topology) -> Iterator[str]:
     """The node namespace with no tables and no flows left by another test."""
     topo.flush_conntrack()
     yield topo.node
-    for family in ("ip", "ip6"):
-        with contextlib.suppress(subprocess.CalledProcessError):
-            kernel.nft(topo.node, "delete", "table", family, TABLE)
+    drop_tables(topo.node)
 
 
 def web(
@@ -359,8 +357,9 @@ def test_c_a_foreign_jump_into_a_doomed_chain_is_refused_then_repaired(
         assert (answered(topo, "10.96.0.20"), answered(topo, "10.96.0.21")) == (
             "local1", "local2")
         target = service_chain(ServicePortName("ns", "doomed", "http", L4Protocol.TCP))
+        aside = f"{TABLE}-affinity"  # ClientIP affinity: the chain is the affinity table's
         kernel.nft(node_ns, "-f", "-", stdin=(
-            f"add chain ip {TABLE} intruder\nadd rule ip {TABLE} intruder jump {target}\n"))
+            f"add chain ip {aside} intruder\nadd rule ip {aside} intruder jump {target}\n"))
         before = tables(node_ns)
         with topo.continuous("client", "tcp", [("10.96.0.20", 80)], timeout=1.0,
                              interval=0.02) as traffic:

@@ -48,7 +48,7 @@ from nftproxy.core.model import (
     TrafficPolicy,
 )
 from nftproxy.core.nft.errors import NftBusy, NftExists, NftNotFound, NftRejected
-from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.nft.listing import TableListing, list_family_objects
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import (
     SKELETON,
@@ -60,7 +60,14 @@ from nftproxy.core.nft.plan import (
     stage_partial,
 )
 from nftproxy.core.rules import names
-from nftproxy.core.rules.fragment import BaseHook, Fragment, Target, Verdict
+from nftproxy.core.rules.fragment import (
+    AFFINITY_TABLE,
+    BaseHook,
+    Fragment,
+    Target,
+    Verdict,
+    affinity_table_name,
+)
 from nftproxy.core.rules.skeleton import render_skeleton
 from nftproxy.kernel.fake import FakeBackend
 
@@ -130,24 +137,27 @@ def _listed_set(kind: str, obj: Json) -> ListedContent:
 
 
 def content(kernel: FakeBackend) -> Content:
-    """What the kernel lists of our table, compared by content."""
-    doc = kernel.list_table(TABLE.family, TABLE.name)
+    """What the kernel lists of our tables, compared by content; the
+    affinity table's objects named as the planner names them."""
     objects = listing(kernel)
-    assert doc is not None and objects is not None, "no table"
+    assert objects is not None, "no table"
     chains: dict[str, list[tuple[str, str | None]]] = {name: [] for name in objects.chains}
     sets: dict[str, ListedContent] = {}
-    for item in doc["nftables"]:
-        ((kind, obj),) = item.items()
-        if kind == "rule":
-            chains[obj["chain"]].append((json.dumps(obj["expr"], sort_keys=True),
-                                         obj.get("comment")))
-        elif kind in ("set", "map"):
-            sets[obj["name"]] = _listed_set(kind, obj)
+    for table, prefix in ((TABLE.name, ""), (TABLE.affinity_table, AFFINITY_TABLE)):
+        doc = kernel.list_table(TABLE.family, table)
+        for item in doc["nftables"] if doc is not None else ():
+            ((kind, obj),) = item.items()
+            if kind == "rule":
+                chains[prefix + obj["chain"]].append(
+                    (json.dumps(obj["expr"], sort_keys=True), obj.get("comment"))
+                )
+            elif kind in ("set", "map"):
+                sets[prefix + obj["name"]] = _listed_set(kind, obj)
     return Content(chains, dict(objects.chains), sets)
 
 
 def listing(kernel: FakeBackend) -> TableListing | None:
-    return kernel.list_table_objects(TABLE.family, TABLE.name)
+    return list_family_objects(kernel.list_table_objects, TABLE.family, TABLE.name)
 
 
 # --- order checks --------------------------------------------------------------------
@@ -302,7 +312,7 @@ def test_the_kernel_refuses_and_stays_unchanged(
     commands: list[Json], error: type[NftRejected]
 ) -> None:
     kernel = new_kernel()
-    kernel.commit([TABLE.add_table(), _chain("keep")])
+    kernel.commit([*TABLE.add_tables(), _chain("keep")])
     with pytest.raises(error):
         kernel.commit(commands)
     assert content(kernel) == Content({"keep": []}, {"keep": None}, {})
@@ -312,7 +322,7 @@ def test_the_kernel_deletes_a_chain_with_its_rules() -> None:
     """Not a refusal (kernel 6.x; tests/test_backend.py): the planner still
     flushes every chain before deleting it (check_order)."""
     kernel = new_kernel()
-    kernel.commit([TABLE.add_table(), _chain("keep")])
+    kernel.commit([*TABLE.add_tables(), _chain("keep")])
     kernel.commit([_chain("A"), _rule("A", {"accept": None}), _chain("A", "delete")])
     assert content(kernel) == Content({"keep": []}, {"keep": None}, {})
 
@@ -413,8 +423,9 @@ def test_deferred_deletes_leave_the_chain_flushed_until_gc() -> None:
     commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
     assert gone <= set(commands_of(commands, "flush", "chain"))
     assert commands_of(commands, "delete", "chain") == []
-    assert state.stale_chains == gone
-    assert all(content(kernel).chains[c] == [] for c in gone)
+    # a port with ClientIP affinity: its chains are the affinity table's
+    assert state.stale_chains == {affinity_table_name(c) for c in gone}
+    assert all(content(kernel).chains[affinity_table_name(c)] == [] for c in gone)
     gc = apply(state, kernel, stage_gc(state))
     assert set(commands_of(gc, "delete", "chain")) == gone
     assert state.stale_chains == set()
@@ -475,10 +486,11 @@ def _clients(kernel: FakeBackend) -> list[Any]:
 def _forget_client(kernel: FakeBackend) -> None:
     """Expire the recorded entry (so the table equals a fresh one)."""
     kernel.commit([{"delete": {"element": {
-        "family": "ip", "table": TABLE.name, "name": AFFINITY_SET, "elem": [CLIENT]}}}])
+        "family": "ip", "table": TABLE.affinity_table, "name": "affinity", "elem": [CLIENT]}}}])
 
 
-AFFINITY_SET = "affinity"
+AFFINITY_SET = "affinity:affinity"
+"""The shared affinity set, in the affinity table (fragment.AFFINITY_TABLE)."""
 
 
 def test_full_resync_never_flushes_or_redeclares_the_affinity_set() -> None:
@@ -530,7 +542,7 @@ def test_a_changed_affinity_timeout_rewrites_the_chooser_and_keeps_the_clients(
     assert not [o for o in ops if o[2] == AFFINITY_SET]
     svc = names.service_chain(SVC1.name)
     assert ("add", "chain", svc) in {o[:3] for o in ops}
-    rules = content(kernel).chains[svc]
+    rules = content(kernel).chains[affinity_table_name(svc)]
     assert sum('"timeout": 900' in expr for expr, _ in rules) == 4
     assert not any('"timeout": 600' in expr for expr, _ in rules)
     assert len(_clients(kernel)) == 1
@@ -744,8 +756,8 @@ def test_full_sync_with_deferred_deletes_leaves_leftovers_for_gc() -> None:
     state, kernel = table(1, svc1=frag(CHAINED, [EP1]))
     desired = {o: f for o, f in state.rendered.items() if o != SVC1.name}
     full_sync(state, kernel, desired, defer=True)
-    assert state.stale_chains == {names.service_chain(SVC1.name),
-                                  names.external_chain(SVC1.name)}
+    assert state.stale_chains == {affinity_table_name(names.service_chain(SVC1.name)),
+                                  affinity_table_name(names.external_chain(SVC1.name))}
     apply(state, kernel, stage_gc(state))
     assert_same_as_full(state, kernel)
 

@@ -49,6 +49,7 @@ from nftproxy.core.rules.fragment import (
     Rule,
     Target,
     Verdict,
+    affinity_table_name,
     compact,
     pack_elements,
     unpack_elements,
@@ -58,11 +59,13 @@ from nftproxy.core.rules.fragment import (
 def test_a_chain_is_recorded_as_a_digest_its_size_and_the_sets_it_uses() -> None:
     rendered = frag(AFFINITY, [EP1, EP2])
     state, _ = table(0, svc1=rendered)
-    svc = names.service_chain(SVC1.name)
+    # a port with ClientIP affinity: its chains are the affinity table's,
+    # and so is the set its rules name
+    svc = affinity_table_name(names.service_chain(SVC1.name))
     record, chain = state.chains[svc], chain_of(rendered, svc)
     assert (record.name, record.hook, record.size) == (svc, None, len(chain.rules))
     assert isinstance(record.digest, bytes) and len(record.digest) == 16
-    assert record.refs == ("affinity",)
+    assert record.refs == ("affinity:affinity",)
     held = [getattr(record, f) for f in record.__slots__]
     assert sum(sys.getsizeof(v) for v in held) < 400  # the rules' JSON alone is > 1 KB
     skeleton_refs = {s for c in SKEL.chains for s in state.chains[c.name].refs}
@@ -123,14 +126,15 @@ def test_a_large_record_is_compressed_and_reads_back_the_same() -> None:
 def test_a_rule_that_differs_only_in_its_comment_rewrites_the_chain() -> None:
     rendered = frag(CHAINED, [EP1, EP2])
     state, kernel = table(0, svc1=rendered)
-    svc = names.service_chain(SVC1.name)
+    bare = names.service_chain(SVC1.name)
+    svc = affinity_table_name(bare)  # ClientIP affinity: the affinity table's chain
     chain = chain_of(rendered, svc)
     renamed = replace(chain, rules=(*chain.rules[:-1], Rule(chain.rules[-1].expr, "other")))
     changed = replace(rendered, chains=tuple(renamed if c.name == svc else c
                                              for c in rendered.chains))
     commands = partial(state, kernel, {SVC1.name: changed})
-    assert commands_of(commands, "flush", "chain") == [svc]
-    assert commands_of(commands, "add", "rule") == [svc] * len(chain.rules)
+    assert commands_of(commands, "flush", "chain") == [bare]
+    assert commands_of(commands, "add", "rule") == [bare] * len(chain.rules)
     assert state.chains[svc].digest != table(0, svc1=rendered)[0].chains[svc].digest
 
 

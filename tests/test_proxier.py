@@ -40,7 +40,8 @@ from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, NamespacedName
 from nftproxy.core.nft.errors import NftBusy, NftRejected
-from nftproxy.core.rules.fragment import CompactFragment, Fragment, compact
+from nftproxy.core.nft.listing import list_family, list_family_objects
+from nftproxy.core.rules.fragment import CompactFragment, Fragment, compact, kernel_name
 from nftproxy.kernel.fake import FakeBackend
 
 NODE = "node-a"
@@ -93,9 +94,10 @@ class OldKernel(Recording):
 
 
 def listing(backend: FakeBackend) -> str:
-    """Both tables by content (handles and listing order ignored)."""
+    """Our tables of both families by content (each family's main and
+    affinity tables; handles and listing order ignored)."""
     return json.dumps(
-        [canonical(backend.list_table(f, CONFIG.table_name)) for f in ("ip", "ip6")],
+        [canonical(list_family(backend.list_table, f, CONFIG.table_name)) for f in ("ip", "ip6")],
         sort_keys=True,
     )
 
@@ -229,7 +231,7 @@ def test_ebusy_defers_chain_deletes_to_a_later_transaction(clock: Clock) -> None
         retry = proxier.sync()  # full, with the chain deletes deferred
         assert retry.full
         stale = proxier.table_state(IPFamily.IPV4).stale_chains
-        assert stale and all(name.startswith("KUBE-") for name in stale)
+        assert stale and all(kernel_name(name).startswith("KUBE-") for name in stale)
         chains = _chains(backend)
         assert stale <= chains, "left flushed in the kernel"
         gc_before = len(backend.sent)
@@ -242,8 +244,9 @@ def test_ebusy_defers_chain_deletes_to_a_later_transaction(clock: Clock) -> None
 
 
 def _chains(backend: FakeBackend) -> set[str]:
-    table = backend.list_table("ip", CONFIG.table_name) or {"nftables": []}
-    return {o["chain"]["name"] for o in table["nftables"] if "chain" in o}
+    """The chains of our tables, as the planner names them."""
+    listed = list_family_objects(backend.list_table_objects, "ip", CONFIG.table_name)
+    return set(listed.chains) if listed is not None else set()
 
 
 # --- when a sync is full ----------------------------------------------------------

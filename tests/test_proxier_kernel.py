@@ -28,6 +28,7 @@ from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.nft.errors import NftError
+from nftproxy.core.nft.listing import list_family
 from nftproxy.kernel.libnftables import NftBackend
 
 NODE = "node-a"
@@ -37,7 +38,10 @@ CONFIG = ProxyConfig(
 
 
 def listing(backend: NftBackend) -> dict[str, Any]:
-    return {f: kernel.canonical(backend.list_table(f, CONFIG.table_name)) for f in ("ip", "ip6")}
+    return {
+        f: kernel.canonical(list_family(backend.list_table, f, CONFIG.table_name))
+        for f in ("ip", "ip6")
+    }
 
 
 @pytest.fixture

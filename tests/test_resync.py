@@ -31,6 +31,7 @@ from nftproxy.agent.proxier import Proxier
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.errors import NftBusy, NftRejected
 from nftproxy.core.nft.jsontext import transaction_text
+from nftproxy.core.nft.listing import list_family
 from nftproxy.core.nft.seam import Backend
 from nftproxy.kernel.fake import FakeBackend
 
@@ -244,7 +245,7 @@ def test_every_intermediate_table_is_consistent(commits: Commits) -> None:
     seen: list[set[str]] = []
 
     def check(b: Commits) -> None:
-        doc = b.list_table("ip", "nftproxy")
+        doc = list_family(b.list_table, "ip", "nftproxy")  # the affinity table's too
         assert doc is not None
         chains = {o["name"] for kind, o in _objects(doc) if kind == "chain"}
         missing = _targets(doc) - chains
@@ -262,7 +263,7 @@ def test_every_intermediate_table_is_consistent(commits: Commits) -> None:
 
 
 def _affinity(b: FakeBackend) -> Mapping[str, Any]:
-    doc = b.list_table("ip", "nftproxy")
+    doc = b.list_table("ip", "nftproxy-affinity")
     assert doc is not None
     (found,) = [o for kind, o in _objects(doc) if kind == "set" and o["name"] == "affinity"]
     return found
@@ -276,7 +277,7 @@ def test_the_affinity_set_keeps_its_clients_and_stays_dynamic() -> None:
         clients = [{"elem": {"val": {"concat": ["10.0.9.9", 7, i]}, "timeout": 60}}
                    for i in range(3)]  # the datapath remembered a client of each endpoint
         backend.commit([{"add": {"element": {
-            "family": "ip", "table": "nftproxy", "name": "affinity", "elem": clients}}}])
+            "family": "ip", "table": "nftproxy-affinity", "name": "affinity", "elem": clients}}}])
         backend.sent.clear()
         restarted(backend, new_cluster(), CHUNK).sync()
         assert len(backend.sent) > 2
@@ -361,6 +362,36 @@ def test_an_older_rulesets_service_sets_go_in_steps(commits: Commits) -> None:
     restarted(commits, new_cluster(), CHUNK).sync()
     assert len(commits.sent) > 2  # in steps
     assert listing(commits) == want
+
+
+def test_a_table_of_ruleset_v8_goes_in_steps(commits: Commits) -> None:
+    """Ruleset v8 had no affinity table, and the shared affinity set and the
+    affinity ports' chains in the main table: the restart goes in steps
+    (step 0 adds the affinity table, which nothing reaches before the final
+    step puts the `accept` elements in the main table's maps), and the
+    final step deletes the old set with the chains that used it."""
+    want = one_transaction(old_cluster(), new_cluster())[0]
+    old_table(commits, old_cluster())
+    commits.commit([{"delete": {"table": {"family": f, "name": "nftproxy-affinity"}}}
+                    for f in ("ip", "ip6")])
+    table = {"family": "ip", "table": "nftproxy"}
+    commits.declare(["add set ip nftproxy affinity { typeof ip saddr . numgen random mod 1 . "
+                     "numgen random mod 1; flags dynamic, timeout; size 1048576; }"])
+    key = {"concat": [{"payload": {"protocol": "ip", "field": "saddr"}},
+                      *({"numgen": {"mode": "random", "mod": 1, "offset": k}} for k in (1, 2))]}
+    commits.commit([
+        {"add": {"chain": {**table, "name": "KUBE-SVC-ABCDEFGHIJKLMNOP"}}},
+        {"add": {"rule": {**table, "chain": "KUBE-SVC-ABCDEFGHIJKLMNOP", "expr": [
+            {"match": {"op": "==", "left": key, "right": "@affinity"}},
+            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+            {"dnat": {"family": "ip", "addr": "10.244.0.5", "port": 8080}}]}}},
+    ])
+    commits.sent.clear()
+    restarted(commits, new_cluster(), CHUNK).sync()
+    assert len(commits.sent) > 2  # in steps
+    assert listing(commits) == want
+    main = commits.list_table_objects("ip", "nftproxy")
+    assert main is not None and "affinity" not in main.sets
 
 
 def test_a_missing_skeleton_set_means_one_transaction(commits: Commits) -> None:

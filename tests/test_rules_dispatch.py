@@ -75,7 +75,15 @@ from nftproxy.core.nft.plan import SKELETON
 from nftproxy.core.render import render_full
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
-from nftproxy.core.rules.fragment import NUMGEN_KEY, Element, Fragment, Target, Verdict
+from nftproxy.core.rules.fragment import (
+    NUMGEN_KEY,
+    Element,
+    Fragment,
+    Target,
+    Verdict,
+    in_affinity_table,
+    kernel_name,
+)
 from nftproxy.core.rules.service import plan_port, render_service_port
 from nftproxy.core.rules.skeleton import render_skeleton
 from nftproxy.core.tracker import StateSnapshot
@@ -169,7 +177,9 @@ def test_other_ports_keep_their_own_chains(
     assert plan.shared is not bool(chains)  # vacuously shared: no destination has a chooser
     fragment = render(port, endpoints).fragment
     label = {SVC: "SVC", SVL: "SVL", names.external_chain(port.name): "EXT"}
-    assert {label[c.name] for c in fragment.chains} == chains
+    assert {label[kernel_name(c.name)] for c in fragment.chains} == chains
+    # ClientIP affinity: in the affinity table; past 64 endpoints: in the main one
+    assert {in_affinity_table(c.name) for c in fragment.chains} <= {port.affinity}
     assert not any(e.set_name.startswith(("vip-endpoints-", "nodeport-endpoints-", "masquerade-"))
                    for e in fragment.elements)
     targets = {str(e.value) for e in fragment.elements if isinstance(e.value, Verdict)}

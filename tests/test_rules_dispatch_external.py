@@ -69,7 +69,14 @@ from nftproxy.core.nft.plan import SKELETON
 from nftproxy.core.render import render_full
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
-from nftproxy.core.rules.fragment import Element, Fragment, Target, Verdict
+from nftproxy.core.rules.fragment import (
+    Element,
+    Fragment,
+    Target,
+    Verdict,
+    in_affinity_table,
+    kernel_name,
+)
 from nftproxy.core.rules.service import plan_port, render_service_port
 from nftproxy.core.rules.skeleton import render_skeleton
 from nftproxy.core.tracker import ProxyState
@@ -161,11 +168,13 @@ def test_external_ports_keep_chains_with_affinity_or_over_64_endpoints(
     fragment = render(port, endpoints).fragment
     label = {names.service_chain(port.name): "SVC", names.local_chain(port.name): "SVL",
              names.external_chain(port.name): "EXT"}
-    assert {label[c.name] for c in fragment.chains} == chains
+    assert {label[kernel_name(c.name)] for c in fragment.chains} == chains
+    assert {in_affinity_table(c.name) for c in fragment.chains} == {port.affinity}
     assert not any(e.set_name.startswith(SHARED_SETS) for e in fragment.elements)
     ext = names.external_chain(port.name)
-    assert gotos(fragment, "service-nodeports") == {("tcp", 3001): ext}
-    assert set(gotos(fragment, "service-ips").values()) <= set(label)
+    table = "affinity:" if port.affinity else ""  # the maps of the chains' table
+    assert gotos(fragment, table + "service-nodeports") == {("tcp", 3001): ext}
+    assert set(gotos(fragment, table + "service-ips").values()) <= set(label)
 
 
 def test_itp_local_etp_cluster_cluster_ip_picks_local_and_externals_pick_cluster_ones() -> None:

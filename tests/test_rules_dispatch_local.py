@@ -48,7 +48,7 @@ from nftproxy.core.config import DetectLocalMode, ProxyConfig
 from nftproxy.core.model import IPFamily, L4Protocol, LoadBalancerIngress, SessionAffinity
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
-from nftproxy.core.rules.fragment import Element, Fragment, Verdict
+from nftproxy.core.rules.fragment import Element, Fragment, Verdict, affinity_table_name
 from nftproxy.core.rules.service import render_service_port
 from nftproxy.core.rules.skeleton import render_skeleton
 
@@ -148,8 +148,8 @@ def test_the_choosers_follow_the_protocol_and_the_generation() -> None:
 def test_affinity_keeps_the_ports_own_chains() -> None:
     port = replace(ETP_LOCAL, session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render(port, EPS).fragment
-    assert {c.name for c in fragment.chains} == {
-        names.service_chain(SPN), names.local_chain(SPN), names.external_chain(SPN)}
+    assert {c.name for c in fragment.chains} == {affinity_table_name(c) for c in (
+        names.service_chain(SPN), names.local_chain(SPN), names.external_chain(SPN))}
     assert not any("choosers" in e.set_name for e in fragment.elements)
 
 

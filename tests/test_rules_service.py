@@ -53,9 +53,11 @@ from builders import (
     REMOTE,
     Elements,
     dispatch,
+    elements_of,
     endpoint,
     hairpin,
     labels,
+    many,
     render,
     service_port,
 )
@@ -68,7 +70,9 @@ from nftproxy.core.model import (
     ServicePort,
     SessionAffinity,
 )
+from nftproxy.core.rules import names
 from nftproxy.core.rules import service as service_mod
+from nftproxy.core.rules.fragment import Element, Verdict
 
 # --- dispatch: one table of cases ---------------------------------------------
 
@@ -388,11 +392,30 @@ DISPATCH_CASES = [
 ]
 
 
+def in_affinity_table(elements: Elements) -> Elements:
+    """The elements of a port with ClientIP affinity, whose chains are the
+    affinity table's: each destination's goto into one of them is in that
+    table's map of the same name ("affinity:service-ips"), and the main
+    table's map accepts the destination (its nat chain ends there, the
+    affinity table's runs next)."""
+    out: Elements = {}
+    for name, elems in elements.items():
+        for key, value in elems.items():
+            own = value in ("goto SVC", "goto SVL", "goto EXT")
+            if own and name in ("service-ips", "service-nodeports"):
+                out.setdefault(name, {})[key] = "accept"
+                out.setdefault(f"affinity:{name}", {})[key] = value
+            else:
+                out.setdefault(name, {})[key] = value
+    return out
+
+
 @pytest.mark.parametrize("case", DISPATCH_CASES, ids=lambda c: c.id)
 def test_dispatch(case: Case) -> None:
     rendered = render(case.port, case.endpoints, config=case.config)
     lab = labels(case.port)
-    assert dispatch(rendered.fragment, lab) == case.elements
+    expected = in_affinity_table(case.elements) if case.port.affinity else case.elements
+    assert dispatch(rendered.fragment, lab) == expected
     assert {lab[c.name] for c in rendered.fragment.chains} == case.chains
     assert (rendered.internal_dropped, rendered.external_dropped) == (
         case.internal_dropped, case.external_dropped)
@@ -405,6 +428,38 @@ def test_no_port_declares_a_set_of_its_own() -> None:
     assert render(port, REMOTE).fragment.sets == ()
     affinity = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
     assert render(affinity, REMOTE).fragment.sets == ()
+
+
+def test_a_port_with_affinity_keeps_its_chains_and_their_gotos_in_the_affinity_table() -> None:
+    """Its KUBE-SVC/EXT chains are the affinity table's (a goto element added
+    to the main table then makes the kernel re-validate the main table only,
+    without these cascades), their rules name that table's own objects, each
+    destination is an `accept` in the main table's map and a goto in the
+    affinity table's, both with the port's comment; everything else stays in
+    the main table. A port past 64 endpoints keeps its chain in the main table."""
+    port = replace(AFFINITY, node_port=3001, external_ips=(EIP,),
+                   load_balancer_ingress=(LoadBalancerIngress(LB),),
+                   load_balancer_source_ranges=("203.0.113.0/25",))
+    fragment = render(port, REMOTE).fragment
+    svc, ext = names.service_chain(port.name), names.external_chain(port.name)
+    assert {c.name for c in fragment.chains} == {f"affinity:{svc}", f"affinity:{ext}"}
+    text = str([r.expr for c in fragment.chains for r in c.rules])
+    assert "'@affinity'" in text and "'KUBE-MARK-MASQ'" in text and "affinity:" not in text
+    by_set: dict[str, dict[object, Element]] = {}
+    for e in fragment.elements:
+        by_set.setdefault(e.set_name, {})[e.key] = e
+    for name in ("service-ips", "service-nodeports"):
+        main, aside = by_set[name], by_set[f"affinity:{name}"]
+        assert main.keys() == aside.keys() and main
+        for key, e in main.items():
+            assert (e.value, e.comment) == (Verdict("accept"), aside[key].comment)
+            assert aside[key].value in (Verdict("goto", svc), Verdict("goto", ext))
+    assert {n for n in by_set if n.startswith("affinity:")} == {
+        "affinity:service-ips", "affinity:service-nodeports"}
+    assert {"cluster-ips", "firewall-vips", "firewall-allow"} <= by_set.keys()
+    many_eps = render(service_port(), many(65)).fragment
+    assert {c.name for c in many_eps.chains} == {svc}
+    assert elements_of(many_eps, "service-ips") == {(CIP, "tcp", 80): Verdict("goto", svc)}
 
 
 # --- meta-test: every renderer has a test ------------------------------------
@@ -428,6 +483,9 @@ RENDERER_TESTS = {
     "_firewall_elements": "test_source_ranges_are_firewall_vips_and_firewall_allow_elements",
     "_hairpin_elements": "test_hairpin_elements_pair_each_reachable_endpoint_with_itself",
     "_may_hairpin_here": "test_only_an_endpoint_that_can_be_its_own_client_here_is_a_hairpin_pair",
+    "_in_affinity_table": (
+        "test_a_port_with_affinity_keeps_its_chains_and_their_gotos_in_the_affinity_table"
+    ),
 }
 HELPERS = {"_key", "_contains_any", "_merge", "_net", "_internal_endpoints", "_shares",
            "_local_policy_choosers"}

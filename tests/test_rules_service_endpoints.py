@@ -72,6 +72,7 @@ from nftproxy.core.rules.fragment import (
     Fragment,
     Rule,
     Target,
+    affinity_table_name,
     compact_chain,
 )
 from nftproxy.core.rules.skeleton import render_skeleton
@@ -355,7 +356,7 @@ def test_affinity_declares_no_set_of_its_own() -> None:
 
 def test_the_shared_affinity_set_is_dynamic_with_timeouts_per_element() -> None:
     skeleton = render_skeleton(IPFamily.IPV4, CONFIG, NODE)
-    (decl,) = (s for s in skeleton.sets if s.name == sk.AFFINITY)
+    (decl,) = (s for s in skeleton.sets if s.name == affinity_table_name(sk.AFFINITY))
     assert decl.key == ("ip saddr", NUMGEN_KEY, NUMGEN_KEY)
     assert decl.type == ("ipv4_addr", "integer", "integer")
     assert decl.map is None
@@ -364,7 +365,7 @@ def test_the_shared_affinity_set_is_dynamic_with_timeouts_per_element() -> None:
     assert decl.timeout is None, "each port's rules give their own timeout"
     assert decl.size == sk.AFFINITY_SIZE and decl.size > 65535
     six = render_skeleton(IPFamily.IPV6, CONFIG, NODE)
-    (decl6,) = (s for s in six.sets if s.name == sk.AFFINITY)
+    (decl6,) = (s for s in six.sets if s.name == affinity_table_name(sk.AFFINITY))
     assert decl6.key == ("ip6 saddr", NUMGEN_KEY, NUMGEN_KEY)
 
 

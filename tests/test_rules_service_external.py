@@ -62,7 +62,7 @@ from nftproxy.core.model import (
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
-from nftproxy.core.rules.fragment import Element, Fragment, Rule, Verdict
+from nftproxy.core.rules.fragment import Element, Fragment, Rule, Verdict, affinity_table_name
 from nftproxy.core.rules.service import RenderContext, render_service_port
 
 # --- KUBE-EXT --------------------------------------------------------------------
@@ -148,8 +148,9 @@ def test_etp_local_without_external_access_is_plain_cluster_ip() -> None:
     fragment = render(sticky, REMOTE).fragment
     cluster = replace(sticky, external_traffic_policy=TrafficPolicy.CLUSTER)
     assert fragment == render(cluster, REMOTE).fragment
-    assert {c.name for c in fragment.chains} == {SVC}
-    assert set(dispatch(fragment, labels(port))) == {"cluster-ips", "service-ips"}
+    assert {c.name for c in fragment.chains} == {affinity_table_name(SVC)}
+    assert set(dispatch(fragment, labels(port))) == {
+        "cluster-ips", "service-ips", "affinity:service-ips"}
 
 
 # --- loadBalancerSourceRanges: firewall-vips / firewall-allow ----------------------
@@ -234,7 +235,8 @@ def test_node_port_bypasses_source_ranges() -> None:
         ("tcp", 3001): Verdict("goto", "dispatch-nodeport-tcp-a-1")}
     own = render(replace(port, session_affinity=SessionAffinity.CLIENT_IP), REMOTE).fragment
     assert _firewall(own) == (vips, allow)
-    assert elements_of(own, "service-nodeports") == {("tcp", 3001): Verdict("goto", EXT)}
+    assert elements_of(own, "service-nodeports") == {("tcp", 3001): Verdict("accept")}
+    assert elements_of(own, "affinity:service-nodeports") == {("tcp", 3001): Verdict("goto", EXT)}
 
 
 def test_ipv6_firewall_elements_and_lb_host_prefix() -> None:

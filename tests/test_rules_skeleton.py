@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 from skeleton_golden import (
+    AFFINITY_CHAINS,
     BASE_CHAINS,
     DISPATCH_CHAINS,
     FIB_DADDR_LOCAL,
@@ -51,6 +52,7 @@ from skeleton_golden import (
     daddr,
     goto,
     hairpin_rules,
+    in_set,
     mark_and,
     mark_or,
     saddr,
@@ -68,6 +70,7 @@ from nftproxy.core.rules.skeleton import (
 )
 
 V4, V6 = IPFamily.IPV4, IPFamily.IPV6
+PROTO_PORT_KEY = {"concat": [L4PROTO, TH_DPORT]}
 NODE = NodeInfo("node-a", ipv4=("192.168.0.2", "10.1.2.3"), ipv6=("fd00:192::2",))
 DEFAULT = ProxyConfig()
 TABLE = {V4: Table("ip", "nftproxy"), V6: Table("ip6", "nftproxy")}
@@ -94,8 +97,9 @@ def test_base_chains_hook_types_and_integer_priorities() -> None:
             if c.hook} == BASE_CHAINS
     for name, (type_, hook, prio) in BASE_CHAINS.items():
         command = TABLE[V4].add_chain(base[name])
+        table, _, bare = name.rpartition(":")
         assert command == {"add": {"chain": {
-            "family": "ip", "table": "nftproxy", "name": name,
+            "family": "ip", "table": "nftproxy-affinity" if table else "nftproxy", "name": bare,
             "type": type_, "hook": hook, "prio": prio, "policy": "accept"}}}
         # libnftables 1.0.6 JSON turns a string priority into a plain chain
         assert type(command["add"]["chain"]["prio"]) is int
@@ -104,7 +108,7 @@ def test_base_chains_hook_types_and_integer_priorities() -> None:
 def test_kube_chains_are_regular_chains() -> None:
     fragment = render_skeleton(V4, DEFAULT, NODE)
     regular = {c.name for c in fragment.chains if c.hook is None}
-    assert regular == KUBE_CHAINS | DISPATCH_CHAINS
+    assert regular == KUBE_CHAINS | DISPATCH_CHAINS | AFFINITY_CHAINS
     assert len(DISPATCH_CHAINS) == 4 * 3 * 64 + 2
 
 
@@ -136,12 +140,12 @@ def test_ipv4_maps_and_sets_are_golden() -> None:
             f'comment "{p} node port . index -> {which}"; }}',
         )
     ] + [
-        "add table ip nftproxy\nadd set ip nftproxy affinity { typeof ip saddr . numgen random "
-        "mod 1 . numgen random mod 1; flags dynamic, timeout; size 1048576; "
-        'comment "ClientIP affinity: client . KUBE-SEP key, expiring"; }'
+        "add table ip nftproxy-affinity\nadd set ip nftproxy-affinity affinity { typeof ip "
+        "saddr . numgen random mod 1 . numgen random mod 1; flags dynamic, timeout; size "
+        '1048576; comment "ClientIP affinity: client . KUBE-SEP key, expiring"; }'
     ]
     assert all(s.elements == () for s in fragment.sets)
-    assert [s.name for s in fragment.sets if s.dynamic] == ["affinity"]
+    assert [s.name for s in fragment.sets if s.dynamic] == ["affinity:affinity"]
 
 
 def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
@@ -177,7 +181,10 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
            for p in ("tcp", "udp", "sctp") for local in ("", "local-")},
         **{f"external-{which}-choosers-a": "ipv6_addr" for which in ("cluster", "local")},
         **{f"nodeport-{which}-choosers-a": "inet_proto" for which in ("cluster", "local")},
-        "affinity": "ipv6_addr",
+        "affinity:affinity": "ipv6_addr",
+        "affinity:service-ips": "ipv6_addr",
+        "affinity:service-nodeports": "inet_proto",
+        "affinity:nodeport-ips": "ipv6_addr",
         "service-ips": "ipv6_addr",
         "service-nodeports": "inet_proto",
         "no-endpoint-services": "ipv6_addr",
@@ -197,18 +204,21 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
 
 def _lookups(fragment: Fragment) -> list[tuple[str, Any]]:
     """(set name, the expression looked up in it) for every `@set` a rule
-    uses: matches, verdict maps, a DNAT's data map."""
+    uses: matches, verdict maps, a DNAT's data map; a rule of the affinity
+    table names a set of that table ("affinity:<name>" to the planner)."""
     found: list[tuple[str, Any]] = []
     for c in fragment.chains:
+        table = c.name.rpartition(":")[0]
+        prefix = f"{table}:" if table else ""
         for r in c.rules:
             for s in r.expr:
                 if "match" in s and str(s["match"]["right"]).startswith("@"):
-                    found.append((s["match"]["right"][1:], s["match"]["left"]))
+                    found.append((prefix + s["match"]["right"][1:], s["match"]["left"]))
                 if "vmap" in s:
-                    found.append((s["vmap"]["data"][1:], s["vmap"]["key"]))
+                    found.append((prefix + s["vmap"]["data"][1:], s["vmap"]["key"]))
                 if "dnat" in s and isinstance(s["dnat"]["addr"], dict):
                     lookup = s["dnat"]["addr"]["map"]
-                    found.append((lookup["data"][1:], lookup["key"]))
+                    found.append((prefix + lookup["data"][1:], lookup["key"]))
     return found
 
 
@@ -231,7 +241,7 @@ def test_every_set_lookup_matches_the_key_its_set_is_declared_by(family: IPFamil
     declared = sets(fragment)
     # every set is used (the endpoints maps and the affinity set by the
     # service ports' choosers)
-    by_ports = {n for n in declared if is_endpoints_map(n) or n == AFFINITY}
+    by_ports = {n for n in declared if is_endpoints_map(n) or n == f"affinity:{AFFINITY}"}
     assert {name for name, _ in lookups} == set(declared) - by_ports
     for name, looked_up in lookups:
         assert _integers(looked_up) == _integers(typeof_key(declared[name].key)), name
@@ -320,6 +330,31 @@ def test_tcp_be_liberal_removes_the_conntrack_invalid_drop() -> None:
     assert "['invalid']" not in repr(rules(fragment))
 
 
+def test_the_affinity_table_dispatches_after_the_main_table_with_its_own_objects() -> None:
+    """The ports with ClientIP affinity keep their chains in the affinity
+    table: its nat chains run after the main table's (-99 after -100), its
+    KUBE-SERVICES looks their destinations up in its own dispatch maps with
+    the main table's node-port address match (its own nodeport-ips, the
+    same addresses), its KUBE-MARK-MASQ sets the configured bit, and the
+    shared affinity set is there only."""
+    config = replace(DEFAULT, nodeport_addresses=("primary",), masquerade_bit=5)
+    fragment = render_skeleton(V4, config, NODE)
+    chains = {c.name: c for c in fragment.chains}
+    main_prio = chains["nat-prerouting"].hook
+    aside_prio = chains["affinity:nat-prerouting"].hook
+    assert main_prio is not None and aside_prio is not None
+    assert (main_prio.prio, aside_prio.prio) == (-100, skeleton_mod.AFFINITY_NAT_PRIORITY) == (
+        -100, -99)
+    main_nodeports = chain_rules(fragment, "KUBE-SERVICES")[-1][0]
+    aside_nodeports = chain_rules(fragment, "affinity:KUBE-SERVICES")[-1][0]
+    assert main_nodeports[:-1] == aside_nodeports[:-1] == [in_set("ip", "nodeport-ips")]
+    assert aside_nodeports[-1] == {"vmap": {"key": PROTO_PORT_KEY, "data": "@service-nodeports"}}
+    declared = sets(fragment)
+    assert declared["affinity:nodeport-ips"].elements == declared["nodeport-ips"].elements != ()
+    assert chain_rules(fragment, "affinity:KUBE-MARK-MASQ") == [([mark_or(1 << 5)], None)]
+    assert [n for n in declared if n.endswith(AFFINITY)] == [f"affinity:{AFFINITY}"]
+
+
 # --- meta-test: every private renderer has a test ---------------------------------
 
 RENDERER_TESTS = {
@@ -332,6 +367,9 @@ RENDERER_TESTS = {
     "_hairpin_rules": "test_masquerade_bit_sets_the_mark_everywhere",
     "_helper_chains": "test_tcp_be_liberal_removes_the_conntrack_invalid_drop",
     "_maps_and_sets": "test_ipv4_maps_and_sets_are_golden",
+    "_affinity_table": (
+        "test_the_affinity_table_dispatches_after_the_main_table_with_its_own_objects"
+    ),
 }
 HELPERS = {"_rule"}
 """Builds a Rule from its statements; decides nothing."""

@@ -165,5 +165,6 @@ def test_nftproxy_run_programs_what_the_api_says(
     tables = kernel.nft(topo.node, "list", "tables")
     assert "table ip nftproxy" in tables, "SIGTERM must leave the rules in place"
     assert set(_answers(topo, 10)) == {pods[0].name}, "traffic keeps flowing after the agent stops"
-    kernel.nft(topo.node, "delete", "table", "ip", "nftproxy")
-    kernel.nft(topo.node, "delete", "table", "ip6", "nftproxy")
+    for family in ("ip", "ip6"):
+        for table in ("nftproxy", "nftproxy-affinity"):
+            kernel.nft(topo.node, "delete", "table", family, table)

@@ -35,6 +35,7 @@ import pytest
 
 from nftproxy.core.config import DetectLocalMode, ProxyConfig
 from nftproxy.core.model import IPFamily, L4Protocol
+from nftproxy.core.nft.listing import list_family
 from nftproxy.core.rules import expr
 from nftproxy.core.trace import Host, Origin, Packet, Ruleset, Unsupported, trace
 from nftproxy.core.trace.evaluate import NeedsInput
@@ -416,7 +417,7 @@ def test_kernel_listing_traces_as_the_planned_one(netns: str, sample: Tables) ->
     string, the tcp-reset dependency left out): same answers."""
     with NftBackend(netns=netns) as backend:
         proxier_from_files([SAMPLE], CONFIG, backend).sync()
-        listings = {f: backend.list_table(f, "nftproxy") for f in ("ip", "ip6")}
+        listings = {f: list_family(backend.list_table, f, "nftproxy") for f in ("ip", "ip6")}
     live = Tables("nftproxy", {f: d for f, d in listings.items() if d}, sample.host)
     for family in ("ip", "ip6"):
         assert Ruleset.from_listing(live.listings[family], family, "nftproxy").problems() == []

@@ -5,7 +5,10 @@ endpoint a lookup rule `ip saddr . K1 . K2 @affinity update @affinity { ip
 saddr . K1 . K2 timeout T } ... dnat to EP` (K1, K2 = names.affinity_key: the
 endpoint's KUBE-SEP-<h>, as constant numgens), then the numgen cascade
 updating the same set; the set itself (skeleton.AFFINITY) has no timeout.
-The tables here are what a Proxier programs for two affinity Services --
+These chains and the set are the affinity table's (nftproxy-affinity,
+ruleset v9): `trace` and `dump` read both tables, the main table's
+`accept` for the port's destination leading to the affinity table's nat
+chain. The tables here are what a Proxier programs for two affinity Services --
 sticky (3 endpoints, 77 s) and other (600 s; its one endpoint is sticky's
 second address and port, under another KUBE-SEP, so another key) -- into a
 FakeBackend listing as libnftables 1.0.6 or 1.1.3 does, both families; the
@@ -41,6 +44,7 @@ from test_proxier import listed
 from nftproxy.agent.proxier import Proxier
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import Endpoint, L4Protocol, ServicePortName
+from nftproxy.core.nft.listing import list_family
 from nftproxy.core.nft.seam import Backend
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
@@ -100,7 +104,7 @@ def planned(request: pytest.FixtureRequest) -> Iterator[dict[str, Mapping[str, A
     backend.start()
     try:
         _program(backend)
-        docs = {f: backend.list_table(f, TABLE) for f in FAMILIES}
+        docs = {f: list_family(backend.list_table, f, TABLE) for f in FAMILIES}
     finally:
         backend.close()
     yield {f: doc for f, doc in docs.items() if doc is not None}
@@ -224,9 +228,9 @@ def test_the_kernels_listing_with_its_elements_traces_and_dumps_the_same(netns: 
         for family in FAMILIES:
             net = _net(family)
             k1, k2 = _key(STICKY, net["eps"][2])
-            kernel.nft(netns, "add", "element", family, TABLE, sk.AFFINITY,
+            kernel.nft(netns, "add", "element", family, names.affinity_table(TABLE), sk.AFFINITY,
                        f"{{ {net['client']} . {k1} . {k2} timeout 77s }}")
-        docs = {f: backend.list_table(f, TABLE) for f in FAMILIES}
+        docs = {f: list_family(backend.list_table, f, TABLE) for f in FAMILIES}
     for family, doc in docs.items():
         assert doc is not None
         net = _net(family)

@@ -32,6 +32,7 @@ from test_trace_flows import CASES, FAMILIES, PODS, Answer, Case, answer_of, int
 
 from nftproxy.core.address import format_address
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.nft.listing import list_family
 from nftproxy.core.trace import Origin
 from nftproxy.kernel.libnftables import NftBackend
 from nftproxy.tools import demo
@@ -75,7 +76,7 @@ def node(topo: Topology) -> Iterator[NftBackend]:
 
 
 def _listing(backend: NftBackend, family: int) -> dict[int, Mapping[str, Any]]:
-    doc = backend.list_table("ip" if family == 4 else "ip6", CONFIG.table_name)
+    doc = list_family(backend.list_table, "ip" if family == 4 else "ip6", CONFIG.table_name)
     assert doc is not None
     return {family: doc}
 

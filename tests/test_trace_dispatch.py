@@ -46,6 +46,7 @@ from nftproxy.agent.proxier import Proxier
 from nftproxy.core.address import format_address
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import Endpoint, L4Protocol, ServicePortName
+from nftproxy.core.nft.listing import list_family
 from nftproxy.core.rules import names
 from nftproxy.core.trace import Host, Origin, Packet, Ruleset, Trace, trace
 from nftproxy.kernel.fake import FakeBackend
@@ -76,7 +77,7 @@ def listings(objects: list[dict[str, Any]], config: ProxyConfig = CONFIG) -> dic
     proxier = Proxier(config, backend)
     listed(proxier, *objects)
     proxier.sync()
-    return {f: backend.list_table(f, config.table_name) for f in ("ip", "ip6")}
+    return {f: list_family(backend.list_table, f, config.table_name) for f in ("ip", "ip6")}
 
 
 def cluster(*, itp: str | None = None, node_port: bool = False,

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from test_dataplane import CONFIG, TERMINATING, Cluster, Net, nodeport_service, slices, svc
 
+from nftproxy.core.nft.listing import list_family
 from nftproxy.core.nft.seam import Backend
 from nftproxy.core.trace import Host, Origin, Packet, Ruleset, Trace, trace
 from nftproxy.kernel.fake import FakeBackend
@@ -269,7 +270,10 @@ def planned() -> dict[int, Mapping[str, Any]]:
     backend = FakeBackend()
     backend.start()
     program(backend)
-    listings = {f: backend.list_table(nft, CONFIG.table_name) for f, nft in ((4, "ip"), (6, "ip6"))}
+    listings = {
+        f: list_family(backend.list_table, nft, CONFIG.table_name)
+        for f, nft in ((4, "ip"), (6, "ip6"))
+    }
     return {f: doc for f, doc in listings.items() if doc is not None}
 
 

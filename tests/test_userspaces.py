@@ -36,10 +36,10 @@ import pytest
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, NodeInfo
-from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.nft.listing import TableListing, list_family_objects
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import TableState, stage_full
-from nftproxy.core.rules.fragment import Fragment, SetDecl
+from nftproxy.core.rules.fragment import Fragment, SetDecl, kernel_name
 from nftproxy.core.rules.skeleton import generation_of, is_endpoints_map, render_skeleton
 from nftproxy.kernel.fake import FakeBackend
 from nftproxy.kernel.libnftables import NftBackend
@@ -156,7 +156,8 @@ def _full_sync(backend: FakeBackend, *, typeof: bool) -> list[str]:
     """One full sync of the skeleton; the names of the sets it deleted."""
     state = TableState(IPFamily.IPV4, Table("ip", "nftproxy"))
     state.use_typeof(typeof)
-    staged = stage_full(state, backend.list_table_objects("ip", "nftproxy"), {"sk": _skeleton()})
+    listed = list_family_objects(backend.list_table_objects, "ip", "nftproxy")
+    staged = stage_full(state, listed, {"sk": _skeleton()})
     backend.declare(staged.declarations)
     backend.commit(staged.commands)
     staged.commit()
@@ -180,10 +181,10 @@ def test_1_1_redeclares_sets_listed_by_datatype_once(fake11: FakeBackend) -> Non
     redeclared = _full_sync(fake11, typeof=True)
     # all but the endpoints maps and the affinity set, which only nft text
     # declared (typeof, on 1.1 too)
-    by_datatype = [s.name for s in _skeleton().sets if not s.text_only]
+    by_datatype = [kernel_name(s.name) for s in _skeleton().sets if not s.text_only]
     assert sorted(redeclared) == sorted(by_datatype)
     assert _full_sync(fake11, typeof=True) == []  # now listed by typeof: kept
-    listed = fake11.list_table_objects("ip", "nftproxy")
+    listed = list_family_objects(fake11.list_table_objects, "ip", "nftproxy")
     assert listed is not None and all(s.typeof for s in listed.sets.values())
 
 
@@ -209,7 +210,7 @@ def test_the_backend_declares_by_typeof_exactly_where_libnftables_can(netns: str
         assert nft.accepts_typeof() == (_nft_version() >= (1, 1, 0))
         table = Table("ip", "px", typeof=nft.accepts_typeof())
         decl = SetDecl.keyed("m", THREE, map="verdict")
-        nft.commit([table.add_table(), table.add_set(decl)])
+        nft.commit([*table.add_tables(), table.add_set(decl)])
         listed = nft.list_table_objects("ip", "px")
     assert listed is not None
     ks = listed.sets["m"]
@@ -237,10 +238,10 @@ def test_a_full_sync_keeps_what_the_last_one_declared(netns: str) -> None:
         nft.sent = []
         proxier.request_full_sync()
         assert proxier.sync().full
-        listed = nft.list_table_objects("ip", "nftproxy")
+        listed = nft.list_table_objects("ip", "nftproxy-affinity")
     deleted = [c for c in nft.sent if "delete" in c and {"set", "map"} & set(c["delete"])]
     assert deleted == []
-    assert listed is not None and "affinity" in listed.sets
+    assert listed is not None and "affinity" in listed.sets  # the affinity table's
 
 
 # --- version skew, both ways (kernel, host + trixie userspace) -------------------

@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterator, Mapping, Sized
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.plan import TableState
+from nftproxy.core.rules.fragment import in_affinity_table
 
 __all__ = ["FOREIGN_COMMIT", "DriftWatch", "drift_reason", "next_generation"]
 
@@ -159,9 +160,10 @@ def drift_reason(
     "table", "chains", "sets", else FOREIGN_COMMIT."""
     for family, state in tables.items():
         listed = listings.get(family)
+        tables_held = {in_affinity_table(c) for c in listed.chains} if listed else set()
+        if any(in_affinity_table(c) not in tables_held for c in state.chains):
+            return "table"  # the main table, or the affinity table
         if listed is None:
-            if state.chains:
-                return "table"
             continue
         if set(listed.chains) != set(state.chains) | state.stale_chains:
             return "chains"

@@ -72,7 +72,7 @@ from nftproxy.core.model import (
     ServiceInfo,
 )
 from nftproxy.core.nft.errors import NftBusy, NftError
-from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.nft.listing import TableListing, list_family_objects
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import Staged, TableState, stage_full, stage_gc, stage_partial
 from nftproxy.core.nft.seam import Backend
@@ -370,9 +370,10 @@ class Proxier:
         return out
 
     def _list_tables(self) -> dict[IPFamily, TableListing | None]:
-        """Step 3 (full syncs only): what our tables hold in the kernel."""
-        name = self.config.table_name
-        return {f: self.backend.list_table_objects(f.nft_family, name) for f in FAMILIES}
+        """Step 3 (full syncs only): what our tables hold in the kernel (each
+        family's main and affinity tables)."""
+        name, objects = self.config.table_name, self.backend.list_table_objects
+        return {f: list_family_objects(objects, f.nft_family, name) for f in FAMILIES}
 
     def _stage(
         self,

@@ -52,6 +52,7 @@ from nftproxy.core.nft.errors import (
 )
 from nftproxy.core.nft.jsontext import transaction_text
 from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.rules import names
 from nftproxy.kernel import netns as _netns
 from nftproxy.kernel.nftgen import read_generation
 
@@ -235,12 +236,14 @@ def dumps(doc: Any) -> str:
 
 
 def delete_tables_commands(table: str) -> list[Json]:
-    """Delete `ip <table>` and `ip6 <table>` whether they exist or not: an
-    `add` before each `delete` (libnftables 1.0.6 has no `destroy`)."""
+    """Delete `ip <table>` and `ip6 <table>` and their affinity tables
+    (`<table>-affinity`) whether they exist or not: an `add` before each
+    `delete` (libnftables 1.0.6 has no `destroy`)."""
     commands: list[Json] = []
     for family in FAMILIES:
-        ref = {"family": family, "name": table}
-        commands += [{"add": {"table": ref}}, {"delete": {"table": dict(ref)}}]
+        for name in (table, names.affinity_table(table)):
+            ref = {"family": family, "name": name}
+            commands += [{"add": {"table": ref}}, {"delete": {"table": dict(ref)}}]
     return commands
 
 

@@ -47,6 +47,8 @@ from nftproxy.cluster.recorder import Recorder
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import NamespacedName
 from nftproxy.core.nft.errors import NftError
+from nftproxy.core.nft.listing import list_family
+from nftproxy.core.rules import names
 from nftproxy.kernel.addresses import AddressesUnavailable, AddressWatch, read_host_addresses
 from nftproxy.kernel.libnftables import NftBackend, malloc_trim, tune_malloc
 from nftproxy.kernel.sysctl import HostFS
@@ -358,7 +360,7 @@ def _cmd_dump(args: argparse.Namespace, config: ProxyConfig) -> int:
     views = []
     with NftBackend() as backend:
         for family in ("ip", "ip6"):
-            doc = backend.list_table(family, config.table_name)
+            doc = list_family(backend.list_table, family, config.table_name)
             if doc is not None:
                 views.append(parse_table(doc, family=family, table=config.table_name,
                                          service=args.service))
@@ -385,7 +387,8 @@ def _cmd_cleanup(args: argparse.Namespace, config: ProxyConfig) -> int:
         return rc
     with NftBackend() as backend:
         backend.delete_tables(config.table_name)
-    print(f"deleted tables ip/ip6 {config.table_name} (if present)", file=sys.stderr)
+    both = f"{config.table_name} and {names.affinity_table(config.table_name)}"
+    print(f"deleted tables ip/ip6 {both} (if present)", file=sys.stderr)
     return 0
 
 

@@ -54,6 +54,7 @@ from nftproxy.cluster.recorder import Recorder
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.errors import NftError
+from nftproxy.core.nft.listing import list_family
 from nftproxy.kernel import netns
 from nftproxy.kernel.addresses import AddressWatch
 from nftproxy.kernel.libnftables import NftBackend
@@ -359,7 +360,7 @@ class _Demo:
         self.say("== nftproxy dump: the live table, read back from the node namespace ==")
         views = []
         for family in ("ip", "ip6"):
-            doc = reader.list_table(family, self.config.table_name)
+            doc = list_family(reader.list_table, family, self.config.table_name)
             if doc is not None:
                 views.append(render_text(parse_table(doc, family=family,
                                                      table=self.config.table_name)))

@@ -20,7 +20,12 @@ listed in `dispatched`. An eTP=Local port's external destination (ruleset
 v8) goes to the shared `external-local-<g>` / `nodeport-local-<g>` chain
 (KUBE-EXT-<h>), and its choosers are the elements of the
 `*-cluster-choosers-<g>` (KUBE-SVC-<h>) and `*-local-choosers-<g>`
-(KUBE-SVL-<h>) maps, listed in `dispatched` too. The view shows the port
+(KUBE-SVL-<h>) maps, listed in `dispatched` too. A port with ClientIP
+affinity (ruleset v9) keeps its chains in the affinity table
+(`nftproxy-affinity`; core/nft/listing.py `list_family` reads both tables
+as one): its destinations are `accept` elements of the main table's maps,
+read through the same keys of the affinity table's `affinity:service-ips`
+/ `affinity:service-nodeports`. The view shows a shared port
 as one with chains: the
 KUBE-SVC/SVL/EXT-<h> the elements name (`chains`, `chooser` naming the
 first dispatch chain), its externalTrafficPolicy, the endpoints
@@ -47,6 +52,7 @@ from typing import Any
 from nftproxy.core.model import L4Protocol, ServicePortName
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
+from nftproxy.core.rules.fragment import affinity_table_name
 from nftproxy.core.trace.identity import EXTERNAL, FIREWALL, LOCAL, chooser, identity, split
 from nftproxy.tools.dump_endpoints import (
     Dispatched,
@@ -136,6 +142,14 @@ def _target(verdict: Any) -> str:
     return str(verdict)
 
 
+def _affinity_table_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
+    """The verdicts of the affinity table's map of the same name (ruleset
+    v9: a port with ClientIP affinity is an `accept` in the main table's
+    map and a goto into its own chain there), by key."""
+    elems = parsed.sets.get(affinity_table_name(set_name), {}).get("elem", [])
+    return {_key_text(key): verdict for key, _, verdict in map(elem_parts, elems)}
+
+
 def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]:
     views: dict[tuple[str, str], ServiceView] = {}
     choosers = [name for name in parsed.sets if sk.is_choosers_map(name)]
@@ -146,10 +160,13 @@ def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]
         sk.NO_ENDPOINT_NODEPORTS,
         *choosers,
     ):
+        aside = _affinity_table_verdicts(parsed, set_name)
         for elem in parsed.sets.get(set_name, {}).get("elem", []):
             key, comment, verdict = elem_parts(elem)
             if not comment:
                 continue
+            if _target(verdict) == "accept":
+                verdict = aside.get(_key_text(key), verdict)
             tag = chooser(comment)
             label = split(comment)[1] if tag else comment
             proto = key[1] if len(key) == 3 else key[0]

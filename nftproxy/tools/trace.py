@@ -32,6 +32,7 @@ from nftproxy.cluster.file import SourceError
 from nftproxy.core.address import parse_address
 from nftproxy.core.config import DetectLocalMode, ProxyConfig
 from nftproxy.core.nft.errors import NftError
+from nftproxy.core.nft.listing import list_family
 from nftproxy.core.nft.seam import Backend
 from nftproxy.core.trace import (
     Host,
@@ -151,7 +152,8 @@ def kernel_tables(config: ProxyConfig) -> Tables | None:
 
 def live_tables(backend: Backend, name: str, addresses: Sequence[str]) -> Tables | None:
     """The programmed tables (None when neither family has one)."""
-    listings = {f: doc for f in ("ip", "ip6") if (doc := backend.list_table(f, name)) is not None}
+    read = backend.list_table
+    listings = {f: doc for f in ("ip", "ip6") if (doc := list_family(read, f, name)) is not None}
     return Tables(name, listings, Host.of(addresses)) if listings else None
 
 
@@ -168,7 +170,7 @@ def planned_tables(paths: Sequence[str], config: ProxyConfig) -> Tables:
         listings = {
             f: doc
             for f in ("ip", "ip6")
-            if (doc := fake.list_table(f, config.table_name)) is not None
+            if (doc := list_family(fake.list_table, f, config.table_name)) is not None
         }
     finally:
         fake.close()

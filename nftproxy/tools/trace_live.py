@@ -42,6 +42,8 @@ from typing import Any, TextIO
 from nftproxy.core.address import format_address
 from nftproxy.core.nft.errors import NftError, NftNotFound
 from nftproxy.core.nft.seam import Backend
+from nftproxy.core.rules import names
+from nftproxy.core.rules.fragment import affinity_table_name
 from nftproxy.core.trace import Host, NeedsInput, Packet, Ruleset, Unsupported
 from nftproxy.core.trace import syntax as sx
 from nftproxy.core.trace.evaluate import dnat_element, lookup, match
@@ -179,7 +181,8 @@ class LiveTrace:
     count: int = 10
     seconds: float = 30.0
     pid: int = field(default_factory=os.getpid)
-    _rs: Ruleset | None = None
+    _rs: dict[str, Ruleset] = field(default_factory=dict)
+    """The listed rules of each of our tables the packet met, by table name."""
     _seen: dict[str, _Packet] = field(default_factory=dict)
 
     @property
@@ -263,11 +266,26 @@ class LiveTrace:
         self._show(self._seen[event.id], event)
         self.out.flush()
 
+    def _ours(self, event: Event) -> bool:
+        """An event of our main table or of its affinity table."""
+        mine = (self.table, names.affinity_table(self.table))
+        return event.family == self.family and event.table in mine
+
+    def _chain_label(self, event: Event) -> str:
+        """The chain as `nftproxy trace` names it: the affinity table's
+        objects that the main table has too as "affinity:<name>"."""
+        if not self._ours(event):
+            return f"{event.family} {event.table} {event.chain}"
+        if event.table != self.table and event.chain in self._ruleset(self.table).chains:
+            return affinity_table_name(event.chain)
+        return event.chain
+
     def _show(self, pk: _Packet, event: Event) -> None:
-        ours = event.table == self.table and event.family == self.family
+        ours = self._ours(event)
         if event.kind == "packet" and pk.chooser is not None:
             self._chosen(pk, event.text)
-        base = self._ruleset(event).chains.get(event.chain) if ours else None
+        rs = self._ruleset(event.table) if ours else None
+        base = rs.chains.get(event.chain) if rs is not None else None
         if base is not None and base.base is not None:
             pk.hook = base.base.hook
         if event.kind == "packet":
@@ -275,36 +293,36 @@ class LiveTrace:
             self.out.write(f"    {pk.hook:<11} {event.chain:<34} packet: {event.text}\n")
             return
         rule = self._rule(event) if ours else None
-        chain = event.chain if ours else f"{event.family} {event.table} {event.chain}"
+        chain = self._chain_label(event)
         text = rule.text() if rule is not None else event.text
         verdict = f"  => {event.verdict}" if event.verdict and event.kind == "rule" else ""
         if event.kind in ("policy", "verdict"):
             text = f"{event.kind} {event.text}"
         self.out.write(Step(pk.hook, chain, rule.index if rule else 0, text + verdict).line())
         self.out.write("\n")
-        if rule is not None:
-            self._element(pk, rule, event.verdict)
+        if rule is not None and rs is not None:
+            self._element(pk, rule, event.verdict, self._ruleset(event.table))
             _record(pk, rule, event.verdict)
         if event.verdict == "drop":
             where = f"{chain} #{rule.index}" if rule else f"{chain} ({event.kind})"
             pk.end = pk.end or f"dropped by {where}"
 
-    def _element(self, pk: _Packet, rule: Rule, verdict: str) -> None:
+    def _element(self, pk: _Packet, rule: Rule, verdict: str, rs: Ruleset) -> None:
         """The element of a named verdict map that gave the rule's verdict
         (printed as `nftproxy trace` prints it, with its comment: the
         service port, and the KUBE-SVC/SVL/EXT-<h> of a shared chooser), or
         the commented element of a named set the rule matched before it
         jumped (`masquerade-vips`: the KUBE-EXT-<h> whose mark it sets)."""
-        if not verdict.startswith(("jump ", "goto ")) or self._rs is None:
+        if not verdict.startswith(("jump ", "goto ")):
             return
         for statement in rule.statements:
             if isinstance(statement, sx.Match) and isinstance(statement.right, sx.SetRef):
-                self._matched(pk, rule, statement)
+                self._matched(pk, rule, statement, rs)
                 continue
             if not isinstance(statement, sx.Vmap) or not isinstance(statement.data, sx.SetRef):
                 continue
             try:
-                outcomes = lookup(statement, self._flow(pk.headers), self._rs)
+                outcomes = lookup(statement, self._flow(pk.headers), rs)
             except _UNREADABLE:
                 continue
             for o in outcomes:
@@ -316,11 +334,11 @@ class LiveTrace:
                 self.out.write(step.line() + "\n")
                 return
 
-    def _matched(self, pk: _Packet, rule: Rule, statement: sx.Match) -> None:
+    def _matched(self, pk: _Packet, rule: Rule, statement: sx.Match, rs: Ruleset) -> None:
         """The commented element of `statement`'s set the packet matched."""
-        assert self._rs is not None and isinstance(statement.right, sx.SetRef)
+        assert isinstance(statement.right, sx.SetRef)
         try:
-            outcomes = match(statement, self._flow(pk.headers), self._rs)
+            outcomes = match(statement, self._flow(pk.headers), rs)
         except _UNREADABLE:
             return
         for o in outcomes:
@@ -346,11 +364,12 @@ class LiveTrace:
         assert pk.chooser is not None
         (rule, statement, seen), pk.chooser = pk.chooser, None
         addr, port = _DADDR.search(headers), _DPORT.search(headers)
-        if addr is None or port is None or self._rs is None:
+        rs = self._rs.get(self.table)  # the shared choosers' maps are the main table's
+        if addr is None or port is None or rs is None:
             return
         try:
             to = ip_address(addr["addr"])
-            found = dnat_element(statement, self._rs, to, int(port["port"]), self._flow(seen))
+            found = dnat_element(statement, rs, to, int(port["port"]), self._flow(seen))
         except _UNREADABLE:
             return
         if found is None:
@@ -365,17 +384,19 @@ class LiveTrace:
     def _rule(self, event: Event) -> Rule | None:
         if event.handle is None:
             return None
-        rule = self._ruleset(event).rule_by_handle(event.chain, event.handle)
+        rule = self._ruleset(event.table).rule_by_handle(event.chain, event.handle)
         if rule is None:  # re-programmed since: read the table again, once
-            self._rs = None
-            rule = self._ruleset(event).rule_by_handle(event.chain, event.handle)
+            self._rs.pop(event.table, None)
+            rule = self._ruleset(event.table).rule_by_handle(event.chain, event.handle)
         return rule
 
-    def _ruleset(self, event: Event) -> Ruleset:
-        if self._rs is None:
-            doc = self.backend.list_table(self.family, self.table) or {"nftables": []}
-            self._rs = Ruleset.from_listing(doc, self.family, self.table)
-        return self._rs
+    def _ruleset(self, table: str) -> Ruleset:
+        """The rules of our `table` (main or affinity: handles are per table)."""
+        rs = self._rs.get(table)
+        if rs is None:
+            doc = self.backend.list_table(self.family, table) or {"nftables": []}
+            rs = self._rs[table] = Ruleset.from_listing(doc, self.family, table)
+        return rs
 
     def _finish_last(self) -> None:
         if not self._seen:

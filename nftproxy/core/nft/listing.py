@@ -22,13 +22,21 @@ same), so `ListedSet.flags` cannot tell a dynamic set from a plain one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from nftproxy.core.rules.fragment import BaseHook
+from nftproxy.core.rules import names
+from nftproxy.core.rules.fragment import BaseHook, affinity_table_name
 
-__all__ = ["ListedSet", "TableListing", "expr_text"]
+__all__ = [
+    "ListedSet",
+    "TableListing",
+    "expr_text",
+    "list_family",
+    "list_family_objects",
+    "merged_document",
+]
 
 Json = Mapping[str, Any]
 
@@ -77,6 +85,21 @@ class TableListing:
                     sets[obj["name"]] = _listed_set(obj)
         return cls(chains, sets)
 
+    @staticmethod
+    def of_family(main: TableListing | None, affinity: TableListing | None) -> TableListing | None:
+        """What a family's two tables hold, as the planner names it: the
+        affinity table's objects under `fragment.affinity_table_name`; None
+        when neither table exists."""
+        if main is None and affinity is None:
+            return None
+        chains = dict(main.chains) if main else {}
+        sets = dict(main.sets) if main else {}
+        if affinity is not None:
+            chains.update((affinity_table_name(n), h) for n, h in affinity.chains.items())
+            for n, ks in affinity.sets.items():
+                sets[affinity_table_name(n)] = replace(ks, name=affinity_table_name(n))
+        return TableListing(chains, sets)
+
 
 def _hook(chain: Json) -> BaseHook | None:
     if "hook" not in chain:
@@ -100,3 +123,81 @@ def _listed_set(obj: Json) -> ListedSet:
         obj.get("timeout"),
         typeof,
     )
+
+
+def list_family_objects(
+    list_objects: Callable[[str, str], TableListing | None], family: str, table: str
+) -> TableListing | None:
+    """What `family`'s two tables hold (`list_objects(family, name)`: a
+    backend's `list_table_objects`), as `TableListing.of_family` names it."""
+    return TableListing.of_family(
+        list_objects(family, table), list_objects(family, names.affinity_table(table))
+    )
+
+
+def list_family(
+    list_table: Callable[[str, str], Json | None], family: str, table: str
+) -> Json | None:
+    """One listing of `family`'s two tables (`list_table(family, name)`: a
+    backend's), as `merged_document` joins them; None when neither exists."""
+    return merged_document(
+        list_table(family, table), list_table(family, names.affinity_table(table)), table
+    )
+
+
+def merged_document(main: Json | None, affinity: Json | None, table: str) -> Json | None:
+    """The listings of a family's main table and its affinity table
+    (`{"nftables": [...]}` each, or None) as one listing of `table`, for the
+    readers of a whole ruleset (dump, trace). The affinity table's objects
+    whose names the main table also uses -- its nat chains, KUBE-SERVICES,
+    KUBE-MARK-MASQ, its dispatch maps -- are renamed as the planner names
+    them ("affinity:service-ips"), and so are the references to them in its
+    rules and map elements; the ports' own KUBE-SVC/SVL/EXT-<h> chains keep
+    their names (a port has them in one table only)."""
+    if affinity is None:
+        return main
+    items = list((main or {}).get("nftables", ()))
+    taken = {
+        (kind in ("set", "map"), obj.get("name"))
+        for item in items
+        for kind, obj in item.items()
+        if kind in ("chain", "set", "map")
+    }
+
+    def rename(name: str, is_set: bool) -> str:
+        return affinity_table_name(name) if (is_set, name) in taken else name
+
+    for item in affinity.get("nftables", ()):
+        for kind, obj in item.items():
+            if kind not in ("chain", "set", "map", "rule"):
+                continue
+            out = {**obj, "table": table}
+            if kind == "rule":
+                out["chain"] = rename(obj["chain"], False)
+                out["expr"] = _renamed(obj.get("expr", []), rename)
+            else:
+                out["name"] = rename(obj["name"], kind != "chain")
+                if "elem" in obj:
+                    out["elem"] = _renamed(obj["elem"], rename)
+            items.append({kind: out})
+    return {"nftables": items}
+
+
+def _renamed(value: Any, rename: Callable[[str, bool], str]) -> Any:
+    """`value` (rule expressions, map elements) with its jump/goto targets
+    and "@set" references renamed."""
+    if isinstance(value, str):
+        return "@" + rename(value[1:], True) if value.startswith("@") else value
+    if isinstance(value, list):
+        return [_renamed(v, rename) for v in value]
+    if not isinstance(value, Mapping):
+        return value
+    out = {}
+    for k, v in value.items():
+        if k in ("jump", "goto") and isinstance(v, Mapping) and "target" in v:
+            out[k] = {**v, "target": rename(v["target"], False)}
+        elif k == "comment":
+            out[k] = v
+        else:
+            out[k] = _renamed(v, rename)
+    return out

@@ -38,6 +38,8 @@ from nftproxy.core.rules.fragment import (
     Json,
     Rule,
     SetDecl,
+    in_affinity_table,
+    kernel_name,
 )
 
 __all__ = ["VERDICT_TYPEOF", "OpError", "Table", "typeof_key"]
@@ -95,27 +97,46 @@ class Table:
         it (listing.expr_text), or None when it declares by datatype."""
         return expr_text(typeof_key(decl.key)) if self.declares_typeof(decl) else None
 
-    def _obj(self, **fields: Any) -> dict[str, Any]:
-        return {"family": self.family, "table": self.name, **fields}
+    @property
+    def affinity_table(self) -> str:
+        """The name of the family's second table: the chains of the ports
+        with ClientIP affinity (fragment.AFFINITY_TABLE)."""
+        return names.affinity_table(self.name)
 
-    def add_table(self) -> Json:
-        return {"add": {"table": {"family": self.family, "name": self.name}}}
+    def table_of(self, name: str) -> str:
+        """The table of the object the planner calls `name`."""
+        return self.affinity_table if in_affinity_table(name) else self.name
+
+    def _obj(self, of: str, /, **fields: Any) -> dict[str, Any]:
+        """`fields` in the table of the object the planner calls `of` (a
+        chain or a set; a rule: its chain's)."""
+        return {"family": self.family, "table": self.table_of(of), **fields}
+
+    def _named(self, name: str, /, **fields: Any) -> dict[str, Any]:
+        return self._obj(name, name=kernel_name(name), **fields)
+
+    def add_tables(self) -> list[Json]:
+        """Both tables of the family (`add` is idempotent)."""
+        return [
+            {"add": {"table": {"family": self.family, "name": name}}}
+            for name in (self.name, self.affinity_table)
+        ]
 
     def add_chain(self, chain: Chain) -> Json:
-        fields = self._obj(name=_check_name(chain.name))
+        fields = self._named(_check_name(chain.name))
         if chain.hook is not None:
             h = chain.hook
             fields.update(type=h.type, hook=h.hook, prio=h.prio, policy=h.policy)
         return {"add": {"chain": fields}}
 
     def flush_chain(self, name: str) -> Json:
-        return {"flush": {"chain": self._obj(name=name)}}
+        return {"flush": {"chain": self._named(name)}}
 
     def delete_chain(self, name: str) -> Json:
-        return {"delete": {"chain": self._obj(name=name)}}
+        return {"delete": {"chain": self._named(name)}}
 
     def add_rule(self, chain: str, rule: Rule) -> Json:
-        fields = self._obj(chain=chain, expr=list(rule.expr))
+        fields = self._obj(chain, chain=kernel_name(chain), expr=list(rule.expr))
         return {"add": {"rule": _comment(fields, rule.comment)}}
 
     def add_rules(self, chain: Chain) -> list[Json]:
@@ -130,7 +151,7 @@ class Table:
         if self.declares_typeof(decl):
             type_ = {"typeof": typeof_key(decl.key)}
             data = {"typeof": typeof_key(decl.data)} if decl.data else decl.map and VERDICT_TYPEOF
-        fields = self._obj(name=_check_name(decl.name), type=type_)
+        fields = self._named(_check_name(decl.name), type=type_)
         if data:
             fields["map"] = data
         if decl.flags:
@@ -157,34 +178,34 @@ class Table:
             body.append(f"size {decl.size}")
         if decl.comment:
             body.append(f'comment "{names.comment(decl.comment)}"')
-        name = _check_name(decl.name)
-        table = f"add table {self.family} {self.name}"
-        return f"{table}\nadd {kind} {self.family} {self.name} {name} {{ {'; '.join(body)}; }}"
+        name, table = kernel_name(_check_name(decl.name)), self.table_of(decl.name)
+        head = f"add table {self.family} {table}"
+        return f"{head}\nadd {kind} {self.family} {table} {name} {{ {'; '.join(body)}; }}"
 
     def flush_set(self, decl: SetDecl) -> Json:
         kind = "map" if decl.map else "set"
-        return {"flush": {kind: self._obj(name=decl.name)}}
+        return {"flush": {kind: self._named(decl.name)}}
 
     def flush_map(self, name: str) -> Json:
-        return {"flush": {"map": self._obj(name=name)}}
+        return {"flush": {"map": self._named(name)}}
 
     def delete_set(self, name: str, *, is_map: bool = False) -> Json:
-        return {"delete": {"map" if is_map else "set": self._obj(name=name)}}
+        return {"delete": {"map" if is_map else "set": self._named(name)}}
 
     def add_set_elements(self, set_name: str, elems: Sequence[Any]) -> list[Json]:
         """Static elements (already JSON) of a set, as one command."""
         if not elems:
             return []
-        return [{"add": {"element": self._obj(name=set_name, elem=list(elems))}}]
+        return [{"add": {"element": self._named(set_name, elem=list(elems))}}]
 
     def add_elements(self, set_name: str, elements: Iterable[Element]) -> list[Json]:
         elem = ElementList(elements, with_comment=True)
         if not elem:
             return []
-        return [{"add": {"element": self._obj(name=set_name, elem=elem)}}]
+        return [{"add": {"element": self._named(set_name, elem=elem)}}]
 
     def delete_elements(self, set_name: str, elements: Iterable[Element]) -> list[Json]:
         elem = [key_json(e.key) for e in elements]
         if not elem:
             return []
-        return [{"delete": {"element": self._obj(name=set_name, elem=elem)}}]
+        return [{"delete": {"element": self._named(set_name, elem=elem)}}]

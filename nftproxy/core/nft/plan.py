@@ -507,7 +507,7 @@ def stage_full(
     for owner, fragment in desired.items():
         fresh.adopt(owner, fragment)
     kernel = kernel or TableListing({}, {})
-    t, b = state.table, _Batch(head=[state.table.add_table()])
+    t, b = state.table, _Batch(head=state.table.add_tables())
     # Rules are emitted from the rendered chains (no JSON round trip).
     chains = {c.name: c for f in desired.values() for c in f.chains}
     _full_chains(b, t, kernel, chains, fresh.stale_chains, defer_deletes)

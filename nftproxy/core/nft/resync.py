@@ -13,8 +13,9 @@ transactions:
      with that generation's shared choosers (rules/dispatch.py: no element points at
      them before the final step), the hairpin sets a table of ruleset
      v5 lacks, the shared affinity set where a table of ruleset v3
-     lacks it, and the masquerade sets of the shared choosers where a
-     table of ruleset v6 lacks them
+     lacks it, the masquerade sets of the shared choosers where a
+     table of ruleset v6 lacks them, and the affinity table (ruleset v9)
+     where a table of an older ruleset has none
   1..k  per chunk of service ports: each owner's chains written (flushed
      first if listed), and its elements of the new generation's endpoints
      and vip-endpoints and nodeport-endpoints maps, which its rewritten
@@ -68,9 +69,16 @@ from nftproxy.core.nft.plan import (
     _same_declaration,
     _write_chain,
 )
-from nftproxy.core.rules.fragment import CompactFragment, Element, Fragment, SetDecl
+from nftproxy.core.rules.fragment import (
+    CompactFragment,
+    Element,
+    Fragment,
+    SetDecl,
+    in_affinity_table,
+)
 from nftproxy.core.rules.names import is_affinity_set
 from nftproxy.core.rules.skeleton import (
+    AFFINITY,
     MASQUERADE_NODEPORTS,
     MASQUERADE_VIPS,
     chain_generation,
@@ -106,7 +114,8 @@ def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
     if any(n not in skeleton_sets and not _leftover(n) for n in listing.sets):
         return False
     hooks = {c.name: c.hook for c in skeleton.chains}
-    if any(n not in listing.chains and chain_generation(n) is None for n in hooks):
+    added = [n for n in hooks if chain_generation(n) is not None or in_affinity_table(n)]
+    if any(n not in listing.chains and n not in added for n in hooks):
         return False
     for name, hook in listing.chains.items():
         if (hooks[name] != hook) if name in hooks else (hook is not None):
@@ -118,9 +127,13 @@ def _leftover(name: str) -> bool:
     """A listed set the steps may leave to the final step's deletes: another
     generation's endpoints, vip-endpoints or nodeport-endpoints map, or a
     set of an older ruleset that only service chains use (v3's per-endpoint
-    affinity sets, v3/v4's unsharded endpoints maps)."""
+    affinity sets, v3/v4's unsharded endpoints maps, v4-v8's shared affinity
+    set in the main table: its clients are not carried over)."""
     return (
-        generation_of(name) is not None or is_affinity_set(name) or is_unsharded_endpoints_map(name)
+        generation_of(name) is not None
+        or is_affinity_set(name)
+        or is_unsharded_endpoints_map(name)
+        or name == AFFINITY
     )
 
 
@@ -130,9 +143,16 @@ def _added_in_steps(decl: SetDecl) -> bool:
     steps rewrite use it; a hairpin set: KUBE-POSTROUTING looks up every
     generation's, and a table of ruleset v5 has only generation a's), the
     shared affinity set (new in ruleset v4; v3 had a set per endpoint),
-    whose users are the chooser chains the steps rewrite, or a masquerade
-    set of the shared choosers (`_MARKING`)."""
-    return generation_of(decl.name) is not None or decl.dynamic or decl.name in _MARKING
+    whose users are the chooser chains the steps rewrite, a masquerade
+    set of the shared choosers (`_MARKING`), or an object of the affinity
+    table (ruleset v9), which nothing reaches before the final step puts
+    the `accept` elements in the main table's maps."""
+    return (
+        generation_of(decl.name) is not None
+        or decl.dynamic
+        or decl.name in _MARKING
+        or in_affinity_table(decl.name)
+    )
 
 
 _MARKING = frozenset({MASQUERADE_VIPS, MASQUERADE_NODEPORTS})
@@ -183,7 +203,7 @@ class ResyncPlan:
         step added is a no-op); `first` adds the table too. `records`:
         compact forms of some owners, already made."""
         t, listed = self._state.table, self._listing
-        b = _Batch(head=[t.add_table()] if first else [])
+        b = _Batch(head=t.add_tables() if first else [])
         added: set[tuple[str, object]] = set()
         made = records or {}
         for owner, fragment in desired.items():

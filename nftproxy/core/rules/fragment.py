@@ -28,6 +28,7 @@ from typing import Any
 from nftproxy.core.model import IPFamily
 
 __all__ = [
+    "AFFINITY_TABLE",
     "COMPRESS_FROM",
     "NUMGEN_KEY",
     "SELECTORS",
@@ -43,15 +44,41 @@ __all__ = [
     "SetDecl",
     "Target",
     "Verdict",
+    "affinity_table_name",
     "compact",
     "compact_chain",
     "datatypes",
+    "in_affinity_table",
+    "kernel_name",
     "pack_elements",
     "unpack_elements",
 ]
 
 Json = Mapping[str, Any]
 Key = tuple[str | int, ...]
+
+AFFINITY_TABLE = "affinity:"
+"""The prefix of the planner's name of an object in the affinity table
+(`affinity_table_name`): "affinity:KUBE-SVC-<h>" is chain KUBE-SVC-<h> of
+`<table>-affinity`. The ports with ClientIP affinity keep their chains
+there, so a commit that adds a goto element to the main table does not make
+the kernel re-validate them (it validates the table that changed; ruleset
+v9, docs/architecture.md). Rules and elements name objects of their own
+table without the prefix."""
+
+
+def in_affinity_table(name: str) -> bool:
+    return name.startswith(AFFINITY_TABLE)
+
+
+def affinity_table_name(name: str) -> str:
+    """The planner's name of object `name` of the affinity table."""
+    return AFFINITY_TABLE + name
+
+
+def kernel_name(name: str) -> str:
+    """The object's name in its own table."""
+    return name[len(AFFINITY_TABLE):] if name.startswith(AFFINITY_TABLE) else name
 """A map/set key: ("10.96.0.10", "tcp", 80), ("tcp", 30080) or ("10.96.0.10",)."""
 
 
@@ -318,6 +345,8 @@ def compact_chain(chain: Chain) -> CompactChain:
     text = _DUMPS([[r.expr, r.comment] for r in chain.rules])
     digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
     refs = tuple(sorted(set(_SET_REF.findall(text)))) if '"@' in text else ()
+    if in_affinity_table(chain.name):  # its rules name the sets of its own table
+        refs = tuple(affinity_table_name(r) for r in refs)
     return CompactChain(chain.name, chain.hook, digest, len(chain.rules), refs)
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "COMMENT_MAX_BYTES",
     "NAME_MAX",
     "affinity_key",
+    "affinity_table",
     "comment",
     "endpoint_chain",
     "external_chain",
@@ -118,6 +119,12 @@ def is_affinity_set(name: str) -> bool:
     """Whether `name` is a per-endpoint affinity set, KUBE-SEP-<h>-affinity,
     of ruleset v3 and older (a listed leftover: the resync deletes it)."""
     return name.startswith("KUBE-SEP-") and name.endswith(_AFFINITY_SUFFIX)
+
+
+def affinity_table(table: str) -> str:
+    """The name of the table that holds the chains of the ports with ClientIP
+    affinity, beside the main table `table` (fragment.AFFINITY_TABLE)."""
+    return table + _AFFINITY_SUFFIX
 
 
 def comment(text: str) -> str:

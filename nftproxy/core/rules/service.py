@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import Endpoint, IPFamily, NodeInfo, ServicePort
@@ -53,6 +53,7 @@ from nftproxy.core.rules.fragment import (
     Rule,
     Target,
     Verdict,
+    affinity_table_name,
 )
 from nftproxy.core.topology import EndpointCategories, categorize
 
@@ -60,6 +61,7 @@ __all__ = ["PortPlan", "RenderContext", "RenderedPort", "plan_port", "render_ser
 
 REJECT = Verdict("goto", sk.REJECT)
 DROP = Verdict("drop")
+ACCEPT = Verdict("accept")
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,6 +514,31 @@ def _may_hairpin_here(ep: Endpoint, node: NodeInfo) -> bool:
     return ep.is_local or not ep.node_name or not node.name
 
 
+_DISPATCH_MAPS = frozenset({sk.SERVICE_IPS, sk.SERVICE_NODEPORTS})
+
+
+def _in_affinity_table(
+    chains: Sequence[Chain], elements: Sequence[Element]
+) -> tuple[tuple[Chain, ...], tuple[Element, ...]]:
+    """A port with ClientIP affinity keeps its chains in the affinity table
+    (fragment.AFFINITY_TABLE; their rules name that table's KUBE-MARK-MASQ
+    and affinity set): each destination that goes to one of them is an
+    `accept` in the main table's map, which ends the main table's nat chain
+    without NAT, and the same key's goto in the affinity table's map of the
+    same name. A commit that adds a goto element to the main table then
+    makes the kernel re-validate the main table only, without the affinity
+    ports' cascades of two rules per endpoint (bench/RESULTS.md, sixteenth
+    pass). Their other elements stay in the main table."""
+    own = {c.name for c in chains}
+    out: list[Element] = []
+    for e in elements:
+        if e.set_name in _DISPATCH_MAPS and isinstance(e.value, Verdict) and e.value.target in own:
+            out += [replace(e, value=ACCEPT), replace(e, set_name=affinity_table_name(e.set_name))]
+        else:
+            out.append(e)
+    return tuple(replace(c, name=affinity_table_name(c.name)) for c in chains), tuple(out)
+
+
 def render_service_port(
     port: ServicePort, endpoints: Sequence[Endpoint], ctx: RenderContext
 ) -> RenderedPort:
@@ -527,6 +554,8 @@ def render_service_port(
         *_firewall_elements(p, ctx),
         *_hairpin_elements(p, ctx),
     )
+    if port.affinity:
+        chains, elements = _in_affinity_table(chains, elements)
     fragment = Fragment(ctx.family, chains, (), elements)
     dropped_int = p.cats.has_any and not p.has_internal
     dropped_ext = p.cats.has_any and not p.has_external and port.externally_accessible

@@ -8,6 +8,8 @@ Packet path of a new connection (docs/upstream-nftables-notes.md §1.6):
   filter prerouting/output -110  KUBE-FIREWALL-CHECK: loadBalancerSourceRanges, pre-DNAT
                                  (firewall-vips / firewall-allow sets)
   nat prerouting/output -100     KUBE-SERVICES: service-ips vmap, then KUBE-NODEPORTS
+  nat prerouting/output -99      the affinity table's KUBE-SERVICES (ports with ClientIP
+                                 affinity, which the main table's maps `accept`)
   filter input/forward/output 0  KUBE-EXTERNAL-SERVICES: no-endpoint reject/drop (post-DNAT)
                                  KUBE-CLUSTER-IPS-CHECK: unknown ports / unallocated IPs
   filter forward 0               KUBE-FORWARD
@@ -18,12 +20,22 @@ Packet path of a new connection (docs/upstream-nftables-notes.md §1.6):
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, L4Protocol, NodeInfo
 from nftproxy.core.rules import dispatch, expr
 from nftproxy.core.rules.detect import local_detector, masquerade_source
-from nftproxy.core.rules.fragment import NUMGEN_KEY, BaseHook, Chain, Fragment, Json, Rule, SetDecl
+from nftproxy.core.rules.fragment import (
+    NUMGEN_KEY,
+    BaseHook,
+    Chain,
+    Fragment,
+    Json,
+    Rule,
+    SetDecl,
+    affinity_table_name,
+)
 from nftproxy.core.rules.generations import (
     ENDPOINTS,
     ENDPOINTS_SHARDS,
@@ -44,6 +56,7 @@ from nftproxy.core.rules.generations import (
 
 __all__ = [
     "AFFINITY",
+    "AFFINITY_NAT_PRIORITY",
     "AFFINITY_SIZE",
     "CLUSTER_IPS",
     "CLUSTER_IPS_CHECK",
@@ -463,6 +476,59 @@ def render_skeleton(
         *_maps_and_sets(family, config, node, service_cidrs),
         *_endpoints_maps(family, generation),
         *dispatch.dispatch_maps(family, generation),
-        _affinity_set(family),
     )
-    return Fragment(family, chains, sets)
+    aside_chains, aside_sets = _affinity_table(family, config, node)
+    return Fragment(family, (*chains, *aside_chains), (*sets, *aside_sets))
+
+
+AFFINITY_NAT_PRIORITY = -99
+"""The affinity table's nat chains run right after the main table's (-100):
+nat base chains of one hook run in priority order until one of them NATs
+the connection, and the main table's `accept` for an affinity port's
+destination ends its chain without NAT."""
+
+
+def _affinity_table(
+    family: IPFamily, config: ProxyConfig, node: NodeInfo
+) -> tuple[tuple[Chain, ...], tuple[SetDecl, ...]]:
+    """The affinity table (fragment.AFFINITY_TABLE): the shared affinity
+    set, the dispatch maps of the ports with ClientIP affinity (their
+    elements go to the ports' KUBE-SVC/SVL/EXT chains, which live there
+    too), a KUBE-MARK-MASQ of its own, and nat chains that look the
+    destination up after the main table's. Everything else those ports
+    need -- source ranges, no-endpoint verdicts, cluster-IP checks, hairpin
+    and masquerade -- stays in the main table."""
+    daddr_key = expr.concat_daddr_proto_dport(family)
+    nodeport_dst = _nodeport_address_match(family, config)
+    services = Chain(
+        SERVICES,
+        (
+            _rule(
+                expr.vmap(daddr_key, SERVICE_IPS),
+                comment="ClusterIP, ExternalIP and LoadBalancer IP traffic (ClientIP affinity)",
+            ),
+            _rule(
+                *nodeport_dst,
+                expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS),
+                comment="NodePort traffic (ClientIP affinity)",
+            ),
+        ),
+    )
+    enter = (_rule(expr.jump(SERVICES)),)
+    chains = (
+        Chain("nat-prerouting", enter, BaseHook("nat", "prerouting", AFFINITY_NAT_PRIORITY)),
+        Chain("nat-output", enter, BaseHook("nat", "output", AFFINITY_NAT_PRIORITY)),
+        services,
+        Chain(MARK_MASQ, (_rule(expr.mark_set(config.masquerade_mark)),)),
+    )
+    main = {d.name: d for d in _maps_and_sets(family, config, node, ())}
+    sets = (
+        _affinity_set(family),
+        main[SERVICE_IPS],
+        main[SERVICE_NODEPORTS],
+        main[NODEPORT_IPS],
+    )
+    return (
+        tuple(replace(c, name=affinity_table_name(c.name)) for c in chains),
+        tuple(replace(d, name=affinity_table_name(d.name)) for d in sets),
+    )

@@ -7,8 +7,10 @@ hook, in priority order, for the first packet of a new connection:
   from the node: output, postrouting, and, for a destination on the node,
   the loopback way back in (prerouting and input; NAT is not run again).
 NAT chains run once per direction, as conntrack does ("dst" NAT on
-prerouting/output, "src" NAT on postrouting/input). A base chain that
-ends without a verdict applies its policy; `accept` ends only that chain.
+prerouting/output, "src" NAT on postrouting/input): the nat chains of one
+hook run in priority order until one of them NATs (the main table's, then
+the affinity table's). A base chain that ends without a verdict applies
+its policy; `accept` ends only that chain.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def _hook(rs: Ruleset, hook: str, flows: list[Flow]) -> tuple[list[Flow], list[F
                 elif signal is Signal.RETURN and chain.base.policy == "drop":
                     where = Where(chain.name)
                     ended.append(end.step(chain.name, 0, "policy drop").ended("drop", where))
+                elif chain.base.type == "nat" and manip == "dst" and end.dnat is not None:
+                    # a later nat chain of this hook no longer runs for it
+                    moving.append(end.with_(nat_done=end.nat_done | {manip}))
                 else:
                     moving.append(end)
         flows = moving
