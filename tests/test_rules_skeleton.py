@@ -367,6 +367,7 @@ RENDERER_TESTS = {
     "_hairpin_rules": "test_masquerade_bit_sets_the_mark_everywhere",
     "_helper_chains": "test_tcp_be_liberal_removes_the_conntrack_invalid_drop",
     "_maps_and_sets": "test_ipv4_maps_and_sets_are_golden",
+    "_by_destination": "test_ipv4_skeleton_rules_are_golden",
     "_affinity_table": (
         "test_the_affinity_table_dispatches_after_the_main_table_with_its_own_objects"
     ),

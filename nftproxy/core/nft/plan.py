@@ -502,7 +502,7 @@ def stage_full(
 ) -> Staged:
     """Rebuild the whole table from the freshly rendered `desired`:
     everything desired is (re)written, everything else the kernel holds in
-    our table is flushed and deleted."""
+    our tables (the family's main and affinity tables) is flushed and deleted."""
     fresh = TableState(state.family, state.table, generation=state.generation)
     for owner, fragment in desired.items():
         fresh.adopt(owner, fragment)

@@ -259,16 +259,11 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
         Chain(FIREWALL_CHECK, (_source_range_rule(family),)),
         Chain(
             EXTERNAL_SERVICES,
-            (
-                _rule(
-                    expr.vmap(daddr_key, NO_ENDPOINT_SERVICES),
-                    comment="services with no (local) endpoints",
-                ),
-                _rule(
-                    *nodeport_dst,
-                    expr.vmap(expr.concat_proto_dport(), NO_ENDPOINT_NODEPORTS),
-                    comment="node ports with no (local) endpoints",
-                ),
+            _by_destination(
+                family,
+                config,
+                (NO_ENDPOINT_SERVICES, "services with no (local) endpoints"),
+                (NO_ENDPOINT_NODEPORTS, "node ports with no (local) endpoints"),
             ),
         ),
         Chain(
@@ -285,6 +280,21 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                     comment="Drop traffic to unallocated ClusterIPs",
                 ),
             ),
+        ),
+    )
+
+
+def _by_destination(
+    family: IPFamily, config: ProxyConfig, vips: tuple[str, str], nodeports: tuple[str, str]
+) -> tuple[Rule, Rule]:
+    """`daddr . l4proto . dport vmap @<vips map>`, then for node-port
+    destinations `l4proto . dport vmap @<nodeports map>` ((map, comment) each)."""
+    return (
+        _rule(expr.vmap(expr.concat_daddr_proto_dport(family), vips[0]), comment=vips[1]),
+        _rule(
+            *_nodeport_address_match(family, config),
+            expr.vmap(expr.concat_proto_dport(), nodeports[0]),
+            comment=nodeports[1],
         ),
     )
 
@@ -498,20 +508,13 @@ def _affinity_table(
     destination up after the main table's. Everything else those ports
     need -- source ranges, no-endpoint verdicts, cluster-IP checks, hairpin
     and masquerade -- stays in the main table."""
-    daddr_key = expr.concat_daddr_proto_dport(family)
-    nodeport_dst = _nodeport_address_match(family, config)
     services = Chain(
         SERVICES,
-        (
-            _rule(
-                expr.vmap(daddr_key, SERVICE_IPS),
-                comment="ClusterIP, ExternalIP and LoadBalancer IP traffic (ClientIP affinity)",
-            ),
-            _rule(
-                *nodeport_dst,
-                expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS),
-                comment="NodePort traffic (ClientIP affinity)",
-            ),
+        _by_destination(
+            family,
+            config,
+            (SERVICE_IPS, "ClusterIP, ExternalIP and LoadBalancer IP traffic (ClientIP affinity)"),
+            (SERVICE_NODEPORTS, "NodePort traffic (ClientIP affinity)"),
         ),
     )
     enter = (_rule(expr.jump(SERVICES)),)
