@@ -450,6 +450,7 @@ def test_flag_conntrack_overrides_merge_with_the_files() -> None:
         ({"nodeport_addresses": "primary,10.0.0.0/8"}, "--nodeport-addresses: 'primary'"),
         ({"detect_local_mode": "Magic"}, "--detect-local-mode: 'Magic' is not one of"),
         ({"table_name": "has space"}, "--table-name: 'has space' is not a valid"),
+        ({"table_name": "t" * 247}, "--table-name: 'tttt"),  # + "-affinity": 256 bytes
         ({"sync_period": 0}, "--sync-period: must be greater than 0"),
         ({"min_sync_period": 60.0}, "--min-sync-period: minSyncPeriod (60s) is longer"),
         ({"healthz_bind_address": "nope"}, "--healthz-bind-address: 'nope' is not"),
@@ -459,6 +460,13 @@ def test_invalid_flags_name_the_flag(flags: dict[str, Any], message: str) -> Non
     with pytest.raises(ConfigError) as err:
         build_config({}, flags)
     assert str(err.value).startswith(message)
+
+
+def test_a_table_name_leaves_room_for_its_affinity_table() -> None:
+    config = build_config({}, {"table_name": "t" * 246})
+    assert len(config.table_name + "-affinity") == 255  # the kernel takes names < 256 bytes
+    with pytest.raises(ConfigError, match="at most 246 characters"):
+        build_config({}, {"table_name": "t" * 247})
 
 
 def test_dual_stack_node_ips_one_per_family() -> None:

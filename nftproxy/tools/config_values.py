@@ -23,6 +23,7 @@ from typing import Any
 from nftproxy.core.address import format_address, parse_address
 from nftproxy.core.config import PRIMARY, DetectLocalMode
 from nftproxy.core.model import IPFamily, family_of
+from nftproxy.core.rules import names
 
 __all__ = [
     "CONNTRACK_SETTINGS",
@@ -274,10 +275,18 @@ def _node_name(label: str, value: Any) -> str:
     return as_str(label, value).lower()
 
 
+_TABLE_NAME_MAX = names.NAME_MAX - 1 - len(names.affinity_table(""))
+"""A table name leaves room for its affinity table's `-affinity` (names < 256 bytes)."""
+
+
 def _table_name(label: str, value: Any) -> str:
     text = as_str(label, value)
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,254}", text):
-        raise fail(label, f"{text!r} is not a valid nftables table name")
+    if not re.fullmatch(rf"[A-Za-z][A-Za-z0-9_.-]{{0,{_TABLE_NAME_MAX - 1}}}", text):
+        raise fail(
+            label,
+            f"{text!r} is not a valid nftables table name of at most {_TABLE_NAME_MAX} "
+            f"characters (its affinity table is {names.affinity_table('<name>')!r})",
+        )
     return text
 
 
