@@ -114,8 +114,10 @@ def resyncable(t: Table, listing: TableListing, skeleton: Fragment) -> bool:
     if any(n not in skeleton_sets and not _leftover(n) for n in listing.sets):
         return False
     hooks = {c.name: c.hook for c in skeleton.chains}
-    added = [n for n in hooks if chain_generation(n) is not None or in_affinity_table(n)]
-    if any(n not in listing.chains and n not in added for n in hooks):
+    if any(
+        n not in listing.chains and chain_generation(n) is None and not in_affinity_table(n)
+        for n in hooks
+    ):
         return False
     for name, hook in listing.chains.items():
         if (hooks[name] != hook) if name in hooks else (hook is not None):

@@ -56,6 +56,7 @@ __all__ = [
 
 Json = Mapping[str, Any]
 Key = tuple[str | int, ...]
+"""A map/set key: ("10.96.0.10", "tcp", 80), ("tcp", 30080) or ("10.96.0.10",)."""
 
 AFFINITY_TABLE = "affinity:"
 """The prefix of the planner's name of an object in the affinity table
@@ -78,8 +79,7 @@ def affinity_table_name(name: str) -> str:
 
 def kernel_name(name: str) -> str:
     """The object's name in its own table."""
-    return name[len(AFFINITY_TABLE):] if name.startswith(AFFINITY_TABLE) else name
-"""A map/set key: ("10.96.0.10", "tcp", 80), ("tcp", 30080) or ("10.96.0.10",)."""
+    return name.removeprefix(AFFINITY_TABLE)
 
 
 @dataclass(frozen=True, slots=True)
