@@ -68,6 +68,9 @@ def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str,
                for i in range(10)]
     picked = {**table, "name": "vip-endpoints-tcp-a", "elem": targets}
     new_service = [{"add": {"element": e}} for e in (picked, elem, shared)]
+    cont = {**goto, "elem": [[key, {"continue": None}]]}
+    bits = [{**table, "name": f"probe-bits-{i}", "elem": [key]} for i in range(4)]
+    bits_service = [{"add": {"element": e}} for e in (picked, elem, cont, *bits)]
     return {
         "plain_elem": ([{"add": {"element": elem}}], [{"delete": {"element": elem}}]),
         "goto_elem": (
@@ -94,6 +97,14 @@ def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str,
             new_service,
             [{"delete": c["add"]} for c in reversed(new_service)],
         ),
+        "continue_elem": (
+            [{"add": {"element": cont}}],
+            [{"delete": {"element": {**cont, "elem": [key]}}}],
+        ),
+        "bits_service": (
+            bits_service,
+            [{"delete": c["add"]} for c in reversed(bits_service)],
+        ),
         "rewrite": (
             [{"flush": {"chain": chain}}, *({"add": {"rule": r}} for r in rules)],
             None,
@@ -108,8 +119,6 @@ def main() -> int:
     ap.add_argument("--no-affinity", action="store_true", help="the mix without affinity")
     args = ap.parse_args()
     bl.require_root()
-    from nftproxy.core.model import IPFamily
-    from nftproxy.core.rules import names
     from nftproxy.kernel.libnftables import NftBackend
 
     n, e = (int(x) for x in args.size.split("x"))
@@ -120,21 +129,25 @@ def main() -> int:
         bl.feed(proxier, services, slices)
         proxier.sync()
         table = {"family": "ip", "table": "nftproxy"}
-        state = proxier.table_state(IPFamily.IPV4)
-        # a port with chains of its own (most go through shared choosers, v7)
-        svc_chain = next(
-            c.name
-            for o in sorted(state.fragments, key=str)
-            if not isinstance(o, str)
-            for c in state.fragments[o].chains
-            if c.name == names.service_chain(o)
-        )
-        listed = backend.run_json({"list": {"chain": {**table, "name": svc_chain}}})
+        # a chain of the main table a goto element can name (since ruleset v9
+        # the ports with chains of their own are in the affinity table)
+        svc_chain = "KUBE-PROBE-SVC"
         rules = [
-            {k: v for k, v in o["rule"].items() if k != "handle"}
-            for o in listed["nftables"]
-            if "rule" in o
+            {**table, "chain": svc_chain, "expr": [
+                {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+                {"dnat": {"addr": f"10.252.0.{i + 1}", "port": 80}},
+            ]}
+            for i in range(11)
         ]
+        backend.commit([
+            {"add": {"chain": {**table, "name": svc_chain}}},
+            *({"add": {"rule": r}} for r in rules),
+        ])
+        backend.commit([
+            {"add": {"set": {**table, "name": f"probe-bits-{i}",
+                             "type": ["ipv4_addr", "inet_proto", "inet_service"]}}}
+            for i in range(7)
+        ])
         lib = bl.machine_info().get("libnftables1", "?")
         bl.progress(f"{shape.label}: loaded; probing in {svc_chain} ({len(rules)} rules)")
         for case, (do, undo) in _cases(table, svc_chain, rules).items():

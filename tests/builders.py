@@ -209,7 +209,8 @@ def chain_of(fragment: Fragment, name: str) -> Chain:
 
 
 def elements_of(fragment: Fragment, set_name: str) -> dict[Key, Verdict | Target | None]:
-    return {e.key: e.value for e in fragment.elements if e.set_name == set_name}
+    """The set's elements, the pick tree's read as gotos (`resolved`)."""
+    return {e.key: e.value for e in resolved(fragment) if e.set_name == set_name}
 
 
 # --- the service-port tests' named ports, chains and readings -------------------
@@ -295,11 +296,63 @@ def _verdict_label(v: Verdict | Target | None, lab: Mapping[str, str]) -> str | 
     return f"{v.kind} {lab[v.target]}" if v.target else v.kind
 
 
+_SELECTOR_SETS = frozenset(
+    name
+    for nodeport in (False, True)
+    for name in (
+        shared_dispatch.shared_set(nodeport=nodeport),
+        *(shared_dispatch.count_bit_set(b, nodeport=nodeport)
+          for b in range(shared_dispatch.COUNT_BITS)),
+    )
+)
+
+
+def _generation(fragment: Fragment) -> str:
+    """The generation the fragment's shared choosers' elements name (their
+    endpoints maps': vip-endpoints-tcp-b), "a" without any."""
+    for e in fragment.elements:
+        generation = sk.generation_of(e.set_name)
+        if generation is not None and not sk.is_hairpin_set(e.set_name):
+            return generation
+    return "a"
+
+
+def resolved(fragment: Fragment) -> list[Element]:
+    """The fragment's elements with each `continue` of service-ips /
+    service-nodeports read through its pick-tree elements (ruleset v10:
+    membership and the bits of count - 1, rules/dispatch.py) as the goto
+    to the shared chooser it reaches, and those elements left out; checks
+    that every such destination is a member."""
+    generation = _generation(fragment)
+    sets_of: dict[Key, set[str]] = {}
+    for e in fragment.elements:
+        if e.set_name in _SELECTOR_SETS:
+            sets_of.setdefault(e.key, set()).add(e.set_name)
+    out: list[Element] = []
+    for e in fragment.elements:
+        if e.set_name in _SELECTOR_SETS:
+            continue
+        if isinstance(e.value, Verdict) and e.value.kind == "continue":
+            nodeport = e.set_name == sk.SERVICE_NODEPORTS
+            member = sets_of.get(e.key, set())
+            assert shared_dispatch.shared_set(nodeport=nodeport) in member, e
+            bits = [b for b in range(shared_dispatch.COUNT_BITS)
+                    if shared_dispatch.count_bit_set(b, nodeport=nodeport) in member]
+            protocol = L4Protocol(str(e.key[0 if nodeport else 1]).upper())
+            leaf = (shared_dispatch.nodeport_dispatch_chain if nodeport
+                    else shared_dispatch.dispatch_chain)
+            target = leaf(protocol, generation, shared_dispatch.count_of(bits))
+            e = Element(e.set_name, e.key, Verdict("goto", target), e.comment)
+        out.append(e)
+    return out
+
+
 def dispatch(fragment: Fragment, lab: Mapping[str, str]) -> Elements:
     """set name -> {key: verdict label (None in plain sets)}, for every
-    element but the endpoints maps' (a chooser's: `rules_of` shows them)."""
+    element but the endpoints maps' (a chooser's: `rules_of` shows them);
+    the pick tree's read as the goto it amounts to (`resolved`)."""
     out: Elements = {}
-    for e in fragment.elements:
+    for e in resolved(fragment):
         if not is_endpoints_map(e.set_name):
             out.setdefault(e.set_name, {})[e.key] = _verdict_label(e.value, lab)
     return out

@@ -141,7 +141,7 @@ _HAIRPIN = tuple(skeleton.hairpin_set(g) for g in skeleton.GENERATIONS)
 
 def in_generation(listed: str, generation: str) -> str:
     """A listing's JSON text (of `kernel.canonical` tables) with its
-    endpoints maps, shared choosers and eTP=Local chains and maps
+    endpoints maps, shared choosers, pick trees and eTP=Local chains and maps
     (rules/dispatch.py) renamed to
     `generation`'s, and its hairpin elements in
     that generation's hairpin set (the others empty)."""
@@ -150,6 +150,8 @@ def in_generation(listed: str, generation: str) -> str:
     # eTP=Local external destinations' chains and maps (ruleset v8)
     external = r"\b((?:external|nodeport)-(?:local|(?:cluster|local)-choosers)-)[a-z]\b"
     renamed = re.sub(external, rf"\g<1>{generation}", renamed)
+    # the pick trees (ruleset v10)
+    renamed = re.sub(r"\b(pick-(?:vip|nodeport)-)[a-z]\b", rf"\g<1>{generation}", renamed)
     return json.dumps(_hairpin_in(json.loads(renamed), generation), sort_keys=True)
 
 
@@ -320,6 +322,17 @@ def _targets(addrs: list[Any], sets: Mapping[str, list[Any]], dest: Any) -> list
     ]
 
 
+def _picked(sets: Mapping[str, list[Any]], key: list[Any]) -> str:
+    """The shared chooser the pick tree sends a `continue` destination of
+    service-ips to (ruleset v10): the generation of the root map's tree,
+    the count from the bit sets the destination is in."""
+    (_, root), *_ = sets["shared-vips-root"]
+    generation = root["goto"]["target"].removeprefix("pick-vip-")
+    assert {"concat": key} in sets["shared-vips"], key
+    bits = [b for b in range(6) if {"concat": key} in sets[f"shared-vips-bit{b}"]]
+    return f"dispatch-{key[1]}-{generation}-{1 + sum(1 << b for b in bits)}"
+
+
 def service_shapes(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """Per cluster IP in `service-ips` of a listed table (libnftables JSON):
     (the endpoints the chain it goes to DNATs it to, how many of them have
@@ -330,8 +343,10 @@ def service_shapes(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     hairpin = {e["concat"][0] for e in sets.get("hairpin-endpoints", [])}
     out = {}
     for key, verdict in sets.get("service-ips", []):
-        vip, _, port = (key["elem"]["val"] if "elem" in key else key)["concat"]
-        eps = _targets(addrs.get(verdict["goto"]["target"], []), sets, (vip, port))
+        vip, proto, port = (key["elem"]["val"] if "elem" in key else key)["concat"]
+        chain = _picked(sets, [vip, proto, port]) if "continue" in verdict else (
+            verdict["goto"]["target"])
+        eps = _targets(addrs.get(chain, []), sets, (vip, port))
         out[vip] = (len(eps), sum(ep in hairpin for ep in eps))
     return out
 

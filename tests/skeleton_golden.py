@@ -132,6 +132,39 @@ def external_local(key: Any, where: str) -> list[tuple[list[Any], str]]:
     ]
 
 
+def pick_tree(key: Any, kind: str) -> dict[str, list[tuple[list[Any], str | None]]]:
+    """pick-<kind>-a and its 62 descendants (ruleset v10): a node tests
+    the next bit of the destination's endpoint count - 1 (bit 5 first) in
+    shared-<kind>s-bit<k> and goes down; the nodes of the last level test
+    bit 0 per protocol and go to the chooser of that count."""
+    sets = "shared-nodeports" if kind == "nodeport" else "shared-vips"
+    leaf = "dispatch-nodeport-" if kind == "nodeport" else "dispatch-"
+    out: dict[str, list[tuple[list[Any], str | None]]] = {}
+    for depth in range(6):
+        for value in range(1 << depth):
+            prefix = format(value, f"0{depth}b") if depth else ""
+            name = f"pick-{kind}-a" + (f"-{prefix}" if prefix else "")
+            bit = {"match": {"op": "==", "left": key, "right": f"@{sets}-bit{5 - depth}"}}
+            if depth < 5:
+                out[name] = [([bit, goto(f"pick-{kind}-a-{prefix}1")], None),
+                             ([goto(f"pick-{kind}-a-{prefix}0")], None)]
+                continue
+            high = int(prefix + "1", 2) + 1
+            proto_rules: list[tuple[list[Any], str | None]] = []
+            for p in PROTOCOLS:
+                is_p = {"match": {"op": "==", "left": L4PROTO, "right": p}}
+                proto_rules += [
+                    ([is_p, bit, goto(f"{leaf}{p}-a-{high}")], f"{high} endpoints"),
+                    ([is_p, goto(f"{leaf}{p}-a-{high - 1}")], f"{high - 1} endpoints"),
+                ]
+            out[name] = proto_rules
+    return out
+
+
+PICK_CHAINS = {*pick_tree(None, "vip"), *pick_tree(None, "nodeport")}
+"""The pick trees of generation a: 63 chains each."""
+
+
 # --- the golden IPv4 skeleton (default config) --------------------------------
 
 BASE_CHAINS = {
@@ -186,6 +219,8 @@ GOLDEN_V4: dict[str, Rules] = {
           jump("KUBE-MARK-MASQ")], "external destinations of services with shared choosers"),
         ([vmap(addr_proto_port("ip"), "service-ips")],
          "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+        ([{"match": {"op": "==", "left": addr_proto_port("ip"), "right": "@shared-vips"}},
+          vmap(L4PROTO, "shared-vips-root")], "VIPs of shared choosers: by endpoint count"),
         ([FIB_DADDR_LOCAL, NOT_LOOPBACK_V4, goto("KUBE-NODEPORTS")],
          "NodePort traffic (must be last)"),
     ],
@@ -193,6 +228,9 @@ GOLDEN_V4: dict[str, Rules] = {
         ([{"match": {"op": "==", "left": PROTO_PORT, "right": "@masquerade-nodeports"}},
           jump("KUBE-MARK-MASQ")], "node ports of services with shared choosers"),
         ([vmap(PROTO_PORT, "service-nodeports")], None),
+        ([{"match": {"op": "==", "left": PROTO_PORT, "right": "@shared-nodeports"}},
+          vmap(L4PROTO, "shared-nodeports-root")],
+         "node ports of shared choosers: by endpoint count"),
     ],
     "KUBE-FIREWALL-CHECK": [
         ([{"match": {"op": "==", "left": addr_proto_port("ip"), "right": "@firewall-vips"}},
@@ -242,6 +280,8 @@ GOLDEN_V4: dict[str, Rules] = {
        for p in PROTOCOLS for n in COUNTS},
     "external-local-a": external_local(addr_proto_port("ip"), "external"),
     "nodeport-local-a": external_local(PROTO_PORT, "nodeport"),
+    **pick_tree(addr_proto_port("ip"), "vip"),
+    **pick_tree(PROTO_PORT, "nodeport"),
     # the affinity table (nftproxy-affinity): its rules name its own objects
     "affinity:nat-prerouting": [([jump("KUBE-SERVICES")], None)],
     "affinity:nat-output": [([jump("KUBE-SERVICES")], None)],
@@ -289,6 +329,17 @@ GOLDEN_SETS_V4 = [
         for where, key, text in (("external", THREE, "external IP / LB IP"),
                                  ("nodeport", TWO, "node port"))
         for which in ("cluster", "local")
+    ),
+    *(
+        entry
+        for where, key, text in (("vips", THREE, "VIP"), ("nodeports", TWO, "node port"))
+        for entry in (
+            _set("set", f"shared-{where}", key, f"{text}s of the shared choosers"),
+            *(_set("set", f"shared-{where}-bit{b}", key, f"{text}s: endpoints - 1, bit {b}")
+              for b in range(6)),
+            _set("map", f"shared-{where}-root", "inet_proto",
+                 f"{text}s of the shared choosers: the generation's pick tree", map="verdict"),
+        )
     ),
     _set("map", "service-ips", THREE, "ClusterIP, ExternalIP and LoadBalancer IP traffic",
          "nftproxy-affinity", map="verdict"),

@@ -151,8 +151,14 @@ def _sets(backend: FakeBackend) -> dict[str, list[str]]:
 
 def _text(elem: Any) -> str:
     """An element as text; of a concatenation, its last part (the range)."""
+    if isinstance(elem, list):  # a map's element: its key
+        return _text(elem[0])
+    if isinstance(elem, dict) and "elem" in elem:
+        return _text(elem["elem"]["val"])
     if isinstance(elem, dict) and "concat" in elem:
         return _text(elem["concat"][-1])
+    if not isinstance(elem, dict):
+        return str(elem)
     return f"{elem['prefix']['addr']}/{elem['prefix']['len']}" if "prefix" in elem else str(elem)
 
 

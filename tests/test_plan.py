@@ -390,20 +390,27 @@ def test_a_new_chain_is_added_before_the_element_that_targets_it() -> None:
 
 
 def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
-    """A second endpoint moves a cluster-IP-only port to the shared chooser
-    of 2 (rules/dispatch.py): its service-ips element is deleted and added
-    again, with its new endpoint's element, in one transaction."""
-    state, kernel = table(0, svc1=frag(SVC1, [EP1]))
-    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1, EP2])})
-    elems = [(v, name, spec["elem"]) for v, k, name, spec in _ops(commands) if k == "element"]
-    added = [n for v, n, _ in elems if v == "add" and n != "service-ips"]
-    assert sorted(added) == ["hairpin-endpoints", "vip-endpoints-tcp-a"]
-    elems = [e for e in elems if e[1] == "service-ips"]
+    """A 65th endpoint moves a cluster-IP-only port from the shared
+    choosers (its service-ips element `continue`, rules/dispatch.py) to a
+    KUBE-SVC of its own: its service-ips element is deleted and added again
+    as a goto to the new chain, in one transaction that adds the chain
+    first and leaves the pick tree's elements."""
+    eps64 = [endpoint(f"10.180.1.{i}") for i in range(1, 65)]
+    state, kernel = table(0, svc1=frag(SVC1, eps64))
+    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [*eps64, EP1])})
+    ops = _ops(commands)
+    elems = [(v, name, spec["elem"]) for v, k, name, spec in ops if k == "element"]
     key = {"concat": ["172.30.0.41", "tcp", 80]}
-    assert [(v, n) for v, n, _ in elems] == [("delete", "service-ips"), ("add", "service-ips")]
-    assert elems[0][2] == [key]
-    assert elems[1][2][0][0]["elem"]["val"] == key
-    assert elems[1][2][0][1] == {"goto": {"target": "dispatch-tcp-a-2"}}
+    mine = [e for e in elems if e[1] == "service-ips"]
+    assert [(v, n) for v, n, _ in mine] == [("delete", "service-ips"), ("add", "service-ips")]
+    assert mine[0][2] == [key]
+    assert mine[1][2][0][0]["elem"]["val"] == key
+    svc = names.service_chain(SVC1.name)
+    assert mine[1][2][0][1] == {"goto": {"target": svc}}
+    left = {n for v, n, _ in elems if v == "delete"} - {"service-ips"}
+    assert {"shared-vips", "shared-vips-bit0", "shared-vips-bit5"} <= left
+    add_chain = ops.index(next(o for o in ops if o[:3] == ("add", "chain", svc)))
+    assert add_chain < ops.index(next(o for o in ops if o[:3] == ("add", "element", "service-ips")))
     assert_same_as_full(state, kernel)
 
 
@@ -504,7 +511,10 @@ def test_full_resync_never_flushes_or_redeclares_the_affinity_set() -> None:
     assert set(commands_of(commands, "flush", "set")) == {
         "cluster-ips", "nodeport-ips", "service-cidrs", "hairpin-endpoints",
         "hairpin-endpoints-b", "hairpin-endpoints-c",
-        "firewall-vips", "firewall-allow", "masquerade-vips", "masquerade-nodeports"}
+        "firewall-vips", "firewall-allow", "masquerade-vips", "masquerade-nodeports",
+        *(f"shared-{kind}{bit}" for kind in ("vips", "nodeports")
+          for bit in ("", *(f"-bit{b}" for b in range(6)))),
+    }
 
 
 def test_adding_or_deleting_a_port_with_affinity_touches_no_set() -> None:
@@ -603,49 +613,50 @@ SIZES = [
     # (starting fragment of ns1/svc1 or None, its new fragment or None, commands by kind)
     # A ClusterIP service goes through the shared choosers (rules/dispatch.py):
     # elements only, one command per set
-    pytest.param(None, _one_endpoint(), {AE: 4},
+    pytest.param(None, _one_endpoint(), {AE: 5},
                  id="add a ClusterIP service with one endpoint"),
-    # cluster-ips, service-ips (goto dispatch-tcp-a-1), hairpin-endpoints,
-    # vip-endpoints-tcp-a
+    # cluster-ips, service-ips (continue), shared-vips (the pick tree: one
+    # endpoint sets no count bit), hairpin-endpoints, vip-endpoints-tcp-a
     pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {DE: 2, AE: 2},
                  id="change one endpoint's IP"),
     # hairpin EP1 . EP1 -> EP2 . EP2, vip-endpoints (VIP, 80, 0) -> EP2
-    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {DE: 1, AE: 3},
+    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {AE: 3},
                  id="add a second endpoint"),
-    # service-ips -> goto dispatch-tcp-a-2; hairpin EP2 . EP2, vip-endpoints (VIP, 80, 1)
-    pytest.param(_one_endpoint(), None, {DE: 4}, id="delete the service"),
-    # cluster-ips, service-ips, hairpin, vip-endpoints elements deleted
+    # shared-vips-bit0 (count 2); hairpin EP2 . EP2, vip-endpoints (VIP, 80, 1)
+    pytest.param(_one_endpoint(), None, {DE: 5}, id="delete the service"),
+    # cluster-ips, service-ips, shared-vips, hairpin, vip-endpoints elements deleted
     pytest.param(_one_endpoint(), _one_endpoint(), {}, id="no change"),
-    pytest.param(_one_endpoint(), frag(SVC1), {DE: 3, AE: 1},
+    pytest.param(_one_endpoint(), frag(SVC1), {DE: 4, AE: 1},
                  id="endpoints become none"),
-    # service-ips -> no-endpoint-services (reject), hairpin and endpoints elements gone
+    # service-ips and shared-vips -> no-endpoint-services (reject), hairpin and
+    # endpoints elements gone
     pytest.param(None, frag(SVC1), {AE: 2}, id="add a service without endpoints"),
     # cluster-ips and no-endpoint-services elements
-    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AE: 3},
+    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AE: 4},
                  id="its first endpoint"),
-    # no-endpoint-services -> service-ips + hairpin + endpoints
+    # no-endpoint-services -> service-ips + shared-vips + hairpin + endpoints
     # A NodePort service with eTP=Cluster goes through shared choosers too
-    pytest.param(None, frag(SHARED_NODEPORT, [EP1]), {AE: 7},
+    pytest.param(None, frag(SHARED_NODEPORT, [EP1]), {AE: 9},
                  id="add a NodePort service with one endpoint"),
-    # cluster-ips, service-ips, service-nodeports (goto dispatch-nodeport-tcp-a-1),
-    # masquerade-nodeports, vip-endpoints, nodeport-endpoints, hairpin
+    # cluster-ips, service-ips, shared-vips, service-nodeports (continue),
+    # shared-nodeports, masquerade-nodeports, vip-endpoints, nodeport-endpoints, hairpin
     pytest.param(frag(SHARED_NODEPORT, [EP1]), frag(SHARED_NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change a NodePort service's endpoint"),
     # vip-endpoints, nodeport-endpoints, hairpin
     # An eTP=Local NodePort service goes through the shared nodeport-local
     # chain (ruleset v8): elements only too
-    pytest.param(None, frag(NODEPORT, [EP1]), {AE: 8},
+    pytest.param(None, frag(NODEPORT, [EP1]), {AE: 9},
                  id="add an eTP=Local NodePort service with one endpoint"),
-    # cluster-ips, service-ips, vip-endpoints, service-nodeports (goto
+    # cluster-ips, service-ips, shared-vips, vip-endpoints, service-nodeports (goto
     # nodeport-local-a), nodeport-cluster-choosers, nodeport-endpoints,
     # no-endpoint-nodeports (no local endpoint: drop), hairpin
     pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change an eTP=Local NodePort service's endpoint"),
     # vip-endpoints, nodeport-endpoints, hairpin
-    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP1, EP2]), {DE: 2, AE: 5},
+    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP1, EP2]), {DE: 1, AE: 5},
                  id="add a second endpoint to an eTP=Local NodePort service"),
-    # service-ips and nodeport-cluster-choosers go to the choosers of 2;
-    # vip-endpoints, nodeport-endpoints, hairpin
+    # the cluster IP's shared-vips-bit0 and nodeport-cluster-choosers' goto to the
+    # chooser of 2; vip-endpoints, nodeport-endpoints, hairpin
     # A ClientIP affinity NodePort service keeps chains of its own
     pytest.param(frag(CHAINED, [EP1]), frag(CHAINED, [EP2]), {FC: 1, AC: 1, AR: 3, DE: 1, AE: 1},
                  id="change a ClientIP affinity service's endpoint"),
@@ -681,8 +692,8 @@ def test_deleting_one_claimant_and_adding_another_hands_the_element_over_once() 
     adds = [o[3]["elem"] for o in ops if o[:3] == ("add", "element", "service-ips")]
     dels = [o[3]["elem"] for o in ops if o[:3] == ("delete", "element", "service-ips")]
     assert len(adds) == 1 and len(adds[0]) == 1
-    # B's element: the shared chooser, B's KUBE-SVC-<h> in its comment
-    assert adds[0][0][1] == {"goto": {"target": "dispatch-tcp-a-1"}}
+    # B's element: on to the shared choosers' pick tree, B's KUBE-SVC-<h> in its comment
+    assert adds[0][0][1] == {"continue": None}
     assert adds[0][0][0]["elem"]["comment"].endswith(names.service_chain(B.name))
     assert dels == [[{"concat": [SAME_IP, "tcp", 80]}]]
     # cluster-ips keeps its element: same key, same (no) verdict
@@ -720,7 +731,7 @@ def _claimant(state: Synced, key: tuple[str, Any]) -> str:
     """The KUBE-SVC-<h> of the service-ips element the kernel holds for `key`."""
     winner = state.effective(key)
     assert winner is not None and winner.comment is not None
-    assert winner.value == Verdict("goto", "dispatch-tcp-a-1")
+    assert winner.value == Verdict("continue")
     return winner.comment.rsplit(" ", 1)[-1]
 
 

@@ -394,6 +394,66 @@ def test_a_table_of_ruleset_v8_goes_in_steps(commits: Commits) -> None:
     assert main is not None and "affinity" not in main.sets
 
 
+def _as_ruleset_v9(backend: FakeBackend) -> None:
+    """Turn each family's main table into what ruleset v9 wrote: no pick
+    trees, no sets of theirs and no rule looking them up; each shared
+    destination's verdict-map element a goto to its chooser."""
+    for family in ("ip", "ip6"):
+        doc = backend.list_table(family, "nftproxy")
+        assert doc is not None
+        table = {"family": family, "table": "nftproxy"}
+        objs = _objects(doc)
+        sets = {o["name"]: o.get("elem", []) for kind, o in objs if kind in ("set", "map")}
+        generation = sets["shared-vips-root"][0][1]["goto"]["target"].removeprefix("pick-vip-")
+        cmds: list[Any] = []
+        for chain in ("KUBE-SERVICES", "KUBE-NODEPORTS"):
+            kept = [o for kind, o in objs if kind == "rule" and o["chain"] == chain
+                    and "@shared-" not in json.dumps(o)]
+            cmds.append({"flush": {"chain": {**table, "name": chain}}})
+            cmds += [{"add": {"rule": {**table, "chain": chain, "expr": r["expr"],
+                                       **({"comment": r["comment"]} if "comment" in r else {})}}}
+                     for r in kept]
+        for name, kind, leaf in (("service-ips", "vips", "dispatch-"),
+                                 ("service-nodeports", "nodeports", "dispatch-nodeport-")):
+            for key, verdict in sets[name]:
+                if "continue" not in verdict:
+                    continue
+                val = key["elem"]["val"]
+                bits = [b for b in range(6) if val in sets[f"shared-{kind}-bit{b}"]]
+                proto = val["concat"][1 if kind == "vips" else 0]
+                target = f"{leaf}{proto}-{generation}-{1 + sum(1 << b for b in bits)}"
+                cmds += [{"delete": {"element": {**table, "name": name, "elem": [val]}}},
+                         {"add": {"element": {**table, "name": name,
+                                              "elem": [[key, {"goto": {"target": target}}]]}}}]
+        picks = [o["name"] for kind, o in objs if kind == "chain" and o["name"].startswith("pick-")]
+        cmds += [{"flush": {"chain": {**table, "name": c}}} for c in picks]
+        cmds += [{"delete": {"map": {**table, "name": f"shared-{k}-root"}}}
+                 for k in ("vips", "nodeports")]
+        cmds += [{"delete": {"chain": {**table, "name": c}}} for c in picks]
+        cmds += [{"delete": {"set": {**table, "name": n}}} for n in sets
+                 if n.startswith("shared-") and not n.endswith("-root")]
+        backend.commit(cmds)
+
+
+def test_a_table_of_ruleset_v9_goes_in_steps(commits: Commits) -> None:
+    """Ruleset v9 sent each shared destination to its chooser by a goto
+    element, without the pick trees (ruleset v10): the restart goes in
+    steps (step 0 adds the pick trees' sets and root maps, which the new
+    skeleton rule finds empty, so the gotos serve until the final step
+    switches them to `continue`) and ends in the one-transaction table.
+    Traffic keeps being served in between (the intermediate tables are
+    checked by test_every_intermediate_table_is_consistent's invariant)."""
+    want = one_transaction(old_cluster(), new_cluster())[0]
+    old_table(commits, old_cluster())
+    _as_ruleset_v9(commits)
+    v9 = commits.list_table("ip", "nftproxy")
+    assert v9 is not None and "pick-vip-" not in json.dumps(v9)
+    commits.sent.clear()
+    restarted(commits, new_cluster(), CHUNK).sync()
+    assert len(commits.sent) > 2  # in steps
+    assert listing(commits) == want
+
+
 def test_a_missing_skeleton_set_means_one_transaction(commits: Commits) -> None:
     old_table(commits, old_cluster())
     doc = commits.list_table("ip", "nftproxy")

@@ -1,25 +1,39 @@
-"""Ruleset v7/v8's shared choosers at the cluster IP (nftproxy.core.rules.dispatch,
+"""Ruleset v7/v8/v10's shared choosers at the cluster IP (nftproxy.core.rules.dispatch,
 service.py, skeleton.py).
 
 A service port without ClientIP affinity, whose internal chooser (KUBE-SVC
 for iTP=Cluster, KUBE-SVL for iTP=Local) has 1..64 endpoints (and so do
 its external destinations), has no chain of its own (`PortPlan.shared`):
-its cluster IP's service-ips element goes to the skeleton's
-`dispatch-<proto>-<g>-<N>`, which masquerades as kube-proxy's chooser does
-(per local-traffic detector) and DNATs by (VIP, port, i), i uniform over
-0..N-1, in `vip-endpoints-<proto>-<g>`, whose N elements the port owns.
+its cluster IP reaches the skeleton's `dispatch-<proto>-<g>-<N>`, which
+masquerades as kube-proxy's chooser does (per local-traffic detector) and
+DNATs by (VIP, port, i), i uniform over 0..N-1, in
+`vip-endpoints-<proto>-<g>`, whose N elements the port owns. Since v10 the
+port's service-ips element is `continue` (comment tagged
+KUBE-SVC-<h>/KUBE-SVL-<h>), not a goto (a goto element makes the kernel
+re-validate the whole table): the key is an element of the plain set
+`shared-vips` and of `shared-vips-bit<j>` for each bit j of N - 1, and the
+skeleton's rule after the service-ips vmap sends such a destination through
+the root map `shared-vips-root` down the generation's pick tree
+(`pick-vip-<g>...`, one bit per level) to the chooser of N. Tests read
+"where does it go" through builders.resolved (the `continue` and its
+plain elements as the goto they amount to); the walk of the pick tree
+itself is pinned here too.
 Aspects (cluster IP side; the external destinations, node port choosers and
 masquerade sets are test_rules_dispatch_external.py's, eTP=Local's
 test_rules_dispatch_local.py's):
 - which cluster-IP-only ports are dispatched (`PortPlan.shared_chooser`),
   which keep chains;
-- the port's elements: service-ips (comment tagged KUBE-SVC-<h>/KUBE-SVL-<h>),
-  vip-endpoints (endpoint order, KUBE-SEP-<h> comments), per generation and
-  protocol, and what picking from them amounts to;
+- the port's elements: service-ips (`continue`, comment tagged
+  KUBE-SVC-<h>/KUBE-SVL-<h>), shared-vips and its count bits
+  (shared-nodeports for a node port), vip-endpoints (endpoint order,
+  KUBE-SEP-<h> comments), per generation and protocol, and what picking
+  from them amounts to; a changed endpoint count changes plain elements only;
 - the skeleton's 3 x 64 VIP choosers per generation and their masquerade
   rule per detector; the maps' declarations (text only on 1.0.6);
+- the skeleton's pick trees: every count, protocol and kind reaches its chooser;
 - skeleton.generation_of / chain_generation over the new names;
-- a 10,000-port cluster-IP-only cluster renders no per-service chain.
+- a 10,000-port cluster-IP-only cluster renders no per-service chain and
+  no goto element.
 Names are spelled out literally ("dispatch-tcp-a-3"), so a change of
 spelling shows up here.
 """
@@ -28,22 +42,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from builders import (
     AFFINITY,
     CIP,
     CONFIG,
+    EIP,
     EP1,
     EP2,
     EP3,
     ETP_LOCAL_NODEPORT,
+    EXT,
     ITP_LOCAL,
     LB,
     LOCAL,
     LOCAL_AND_REMOTE,
     MASQ,
     NODE,
+    NODEPORT,
     REMOTE,
     SVC,
     SVC1,
@@ -53,6 +71,7 @@ from builders import (
     endpoint,
     many,
     render,
+    resolved,
     rules_of,
     sep,
     service_port,
@@ -73,12 +92,14 @@ from nftproxy.core.model import (
 from nftproxy.core.nft.ops import OpError, Table
 from nftproxy.core.nft.plan import SKELETON
 from nftproxy.core.render import render_full
+from nftproxy.core.rules import dispatch as shared_dispatch
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.fragment import (
     NUMGEN_KEY,
     Element,
     Fragment,
+    Rule,
     Target,
     Verdict,
     in_affinity_table,
@@ -105,8 +126,10 @@ def is_cluster_vip_chooser(chain: str) -> bool:
 
 
 def service_ips_target(fragment: Fragment) -> str:
-    """Where the port's one service-ips element (its cluster IP's) goes."""
-    (element,) = elements_in(fragment, "service-ips")
+    """Where the port's one service-ips element (its cluster IP's) goes: a
+    shared port's `continue` read through its pick-tree elements as the
+    goto it amounts to (builders.resolved), an own chain's goto as it is."""
+    (element,) = [e for e in resolved(fragment) if e.set_name == "service-ips"]
     assert isinstance(element.value, Verdict) and element.value.kind == "goto"
     return element.value.target
 
@@ -201,19 +224,145 @@ def test_65_endpoints_keep_the_map_pick_of_their_own_chooser() -> None:
 
 
 @pytest.mark.parametrize("generation", GENERATIONS)
-@pytest.mark.parametrize("n", [1, 3, 64])
+@pytest.mark.parametrize(("n", "bits"), [
+    pytest.param(1, set(), id="1"),
+    pytest.param(3, {"shared-vips-bit1"}, id="3"),
+    pytest.param(64, {"shared-vips-bit0", "shared-vips-bit1", "shared-vips-bit2",
+                      "shared-vips-bit3", "shared-vips-bit4", "shared-vips-bit5"}, id="64"),
+])
 def test_the_service_ips_element_goes_to_the_shared_chooser_of_its_count_and_generation(
-    generation: str, n: int
+    generation: str, n: int, bits: set[str]
 ) -> None:
+    """The raw element is `continue` whatever the generation (the root
+    map's elements pick the generation's tree); read through the pick
+    tree's elements it is the chooser of its count in the render's generation."""
     ctx = replace(context(), generation=generation)
     fragment = render_service_port(SVC1, many(n, local=True), ctx).fragment
-    assert elements_in(fragment, "service-ips") == [Element(
-        "service-ips", (CIP, "tcp", 80), Verdict("goto", f"dispatch-tcp-{generation}-{n}"),
-        f"ns1/svc1:p80 {SVC}")]
+    key, comment = (CIP, "tcp", 80), f"ns1/svc1:p80 {SVC}"
+    assert elements_in(fragment, "service-ips") == [
+        Element("service-ips", key, Verdict("continue"), comment)]
+    assert [e for e in resolved(fragment) if e.set_name == "service-ips"] == [
+        Element("service-ips", key, Verdict("goto", f"dispatch-tcp-{generation}-{n}"), comment)]
     hairpin = "hairpin-endpoints" + ("" if generation == "a" else f"-{generation}")
     assert {e.set_name for e in fragment.elements} == {
-        "cluster-ips", "service-ips", f"vip-endpoints-tcp-{generation}", hairpin}
+        "cluster-ips", "service-ips", "shared-vips", *bits, f"vip-endpoints-tcp-{generation}",
+        hairpin}
     assert len(elements_in(fragment, f"vip-endpoints-tcp-{generation}")) == n
+
+
+RAW_COUNTS = [
+    pytest.param(1, (), id="1 endpoint: no bit"),
+    pytest.param(2, (0,), id="2 endpoints: bit 0"),
+    pytest.param(10, (0, 3), id="10 endpoints: bits 0 and 3"),
+    pytest.param(64, (0, 1, 2, 3, 4, 5), id="64 endpoints: every bit"),
+]
+DESTINATIONS = [
+    pytest.param("service-ips", "shared-vips", (CIP, "tcp", 80), SVC, id="cluster IP"),
+    pytest.param("service-nodeports", "shared-nodeports", ("tcp", 3001), EXT, id="node port"),
+]
+
+
+@pytest.mark.parametrize(("table", "shared", "key", "identity"), DESTINATIONS)
+@pytest.mark.parametrize(("n", "bits"), RAW_COUNTS)
+def test_a_shared_destination_is_a_continue_element_and_plain_elements_spelling_its_count(
+    n: int, bits: tuple[int, ...], table: str, shared: str, key: tuple[object, ...],
+    identity: str,
+) -> None:
+    """v10's raw shape: the dispatch map's element is `continue` with the
+    kube-proxy identity in its comment; the same key is one element of the
+    membership set and of exactly the bit sets of N - 1's set bits, none
+    with a comment (the dispatch map's element names the port)."""
+    fragment = render(NODEPORT, many(n)).fragment
+    mine = [e for e in fragment.elements if e.set_name == table or e.set_name.startswith(shared)]
+    expected = [
+        Element(table, key, Verdict("continue"), f"ns1/svc1:p80 {identity}"),
+        Element(shared, key),
+        *(Element(f"{shared}-bit{b}", key) for b in bits),
+    ]
+    assert sorted(mine, key=repr) == sorted(expected, key=repr)
+    assert len(mine) == len(expected)
+
+
+def test_a_chooser_is_reached_by_continue_in_dispatch_maps_and_by_goto_in_choosers_maps() -> None:
+    """service._to_chooser: a destination in service-ips / service-nodeports
+    reaches its chooser by a `continue` element and the pick tree's plain
+    elements; one in an eTP=Local choosers map (verdict maps the pick tree
+    does not serve) by a goto element, and has no pick-tree element. Here
+    the cluster IP (3 endpoints) is of the first kind, the eTP=Local
+    external IP's and node port's cluster (3) and local (2) choosers of the second."""
+    port = service_port(node_port=3001, external_ips=(EIP,), external_traffic_policy=LOCAL)
+    eps = (endpoint(EP1, local=True), endpoint(EP2), endpoint(EP3, local=True))
+    fragment = render(port, eps).fragment
+    svc, svl, ext = (f"ns1/svc1:p80 {c}" for c in (SVC, SVL, EXT))
+    eip, node_port = (EIP, "tcp", 80), ("tcp", 3001)
+    ways = [e for e in fragment.elements
+            if e.set_name.startswith(("service-", "shared-")) or "-choosers-" in e.set_name]
+    expected = [
+        Element("service-ips", (CIP, "tcp", 80), Verdict("continue"), svc),
+        Element("shared-vips", (CIP, "tcp", 80)),
+        Element("shared-vips-bit1", (CIP, "tcp", 80)),
+        Element("service-ips", eip, Verdict("goto", "external-local-a"), ext),
+        Element("external-cluster-choosers-a", eip, Verdict("goto", "dispatch-tcp-a-3"), svc),
+        Element("external-local-choosers-a", eip, Verdict("goto", "dispatch-local-tcp-a-2"), svl),
+        Element("service-nodeports", node_port, Verdict("goto", "nodeport-local-a"), ext),
+        Element("nodeport-cluster-choosers-a", node_port,
+                Verdict("goto", "dispatch-nodeport-tcp-a-3"), svc),
+        Element("nodeport-local-choosers-a", node_port,
+                Verdict("goto", "dispatch-nodeport-local-tcp-a-2"), svl),
+    ]
+    assert sorted(ways, key=repr) == sorted(expected, key=repr)
+    assert len(ways) == len(expected)
+
+
+def _goto_free(fragment: Fragment) -> bool:
+    return not any(isinstance(e.value, Verdict) and e.value.kind == "goto"
+                   for e in fragment.elements)
+
+
+@pytest.mark.parametrize(("before", "after", "gone", "new"), [
+    pytest.param(3, 4, (), (0,), id="3 -> 4 endpoints: bit 0 joins"),
+    pytest.param(4, 3, (0,), (), id="4 -> 3 endpoints: bit 0 leaves"),
+    pytest.param(2, 3, (0,), (1,), id="2 -> 3 endpoints: bit 0 for bit 1"),
+])
+def test_a_changed_endpoint_count_changes_plain_elements_only(
+    before: int, after: int, gone: tuple[int, ...], new: tuple[int, ...]
+) -> None:
+    """Why v10: a shared port whose count changes keeps its dispatch maps'
+    elements (key, `continue`, comment) as they are, and no element of it
+    is a goto (a goto element makes the kernel re-validate the table);
+    what changes is bit-set elements and the endpoints maps' elements past
+    the smaller count. Read through the tree, it reaches the new count's chooser."""
+    port = replace(NODEPORT, external_ips=(EIP,))
+    old, cur = (render(port, many(n)).fragment for n in (before, after))
+    assert _goto_free(old) and _goto_free(cur)
+
+    def dispatch_maps(fragment: Fragment) -> list[Element]:
+        return [e for e in fragment.elements
+                if e.set_name in ("service-ips", "service-nodeports")]
+
+    assert dispatch_maps(old) == dispatch_maps(cur)
+    assert {e.value for e in dispatch_maps(cur)} == {Verdict("continue")}
+    vips, node_ports = [(CIP, "tcp", 80), (EIP, "tcp", 80)], [("tcp", 3001)]
+
+    def bit_elements(bits: tuple[int, ...]) -> set[Element]:
+        return {*(Element(f"shared-vips-bit{b}", k) for b in bits for k in vips),
+                *(Element(f"shared-nodeports-bit{b}", k) for b in bits for k in node_ports)}
+
+    def endpoints(indices: range) -> set[tuple[str, tuple[object, ...]]]:
+        return {*(("vip-endpoints-tcp-a", (ip, 80, i)) for i in indices for ip in (CIP, EIP)),
+                *(("nodeport-endpoints-tcp-a", (3001, i)) for i in indices)}
+
+    removed, added = set(old.elements) - set(cur.elements), set(cur.elements) - set(old.elements)
+    for diff, bits, indices in ((removed, gone, range(after, before)),
+                                (added, new, range(before, after))):
+        picked = {e for e in diff if e.set_name.endswith("-endpoints-tcp-a")}
+        assert diff - picked == bit_elements(bits)
+        assert {(e.set_name, e.key) for e in picked} == endpoints(indices)
+        assert all(isinstance(e.value, Target) for e in picked)
+    assert {e.value for e in resolved(cur) if e.set_name == "service-ips"} == {
+        Verdict("goto", f"dispatch-tcp-a-{after}")}
+    assert {e.value for e in resolved(cur) if e.set_name == "service-nodeports"} == {
+        Verdict("goto", f"dispatch-nodeport-tcp-a-{after}")}
 
 
 def test_the_service_ips_comment_of_itp_local_names_kube_svl() -> None:
@@ -248,7 +397,9 @@ def test_shared_elements_are_the_endpoints_in_order_keyed_by_cluster_ip() -> Non
 
 def _chances(port: ServicePort, endpoints: tuple[Endpoint, ...]) -> dict[str, Fraction]:
     """Chance of a packet to the port's cluster IP being DNATed to each
-    endpoint: the service-ips element sends it to a shared chooser, whose
+    endpoint: the service-ips element (`continue`) and its pick-tree
+    elements send it to a shared chooser (service_ips_target; the tree's
+    walk: test_every_count_walks_the_pick_tree_to_its_chooser), whose
     DNAT looks up (its destination, its port, numgen random mod N), the
     destination and port being the element's key (cluster IP, port); each
     index 0..N-1 with probability 1/N, and there is an element for each."""
@@ -416,12 +567,137 @@ def test_shared_choosers_maps_are_declared_by_key_and_data_selectors(
             {"payload": {"protocol": p, "field": "dport"}}]}}
 
 
+# --- the skeleton's pick trees (v10) ----------------------------------------------
+
+L4PROTO = {"meta": {"key": "l4proto"}}
+
+
+def _tree_key(ip: str, *, nodeport: bool) -> dict[str, Any]:
+    """The destination's key as the tree's set lookups spell it."""
+    dport = {"payload": {"protocol": "th", "field": "dport"}}
+    daddr = [] if nodeport else [{"payload": {"protocol": ip, "field": "daddr"}}]
+    return {"concat": [*daddr, L4PROTO, dport]}
+
+
+def _goto_target(statement: Any) -> str:
+    """A `goto <chain>` statement's chain (fails on any other statement)."""
+    assert isinstance(statement, dict) and list(statement) == ["goto"], statement
+    assert list(statement["goto"]) == ["target"], statement
+    target = statement["goto"]["target"]
+    assert isinstance(target, str) and target, statement
+    return target
+
+
+def _taken(
+    rule: Rule, key: dict[str, Any], shared: str, protocol: str, bits: set[int]
+) -> str | None:
+    """Where `rule` sends the packet (None: it does not match it). A tree
+    rule is matches (on `meta l4proto`, or on the destination's key in a bit
+    set of `shared`), then a goto; anything else fails the walk."""
+    *matches, last = rule.expr
+    target = _goto_target(last)
+    hits = []
+    for statement in matches:
+        assert list(statement) == ["match"], statement
+        match = statement["match"]
+        assert set(match) == {"op", "left", "right"} and match["op"] == "==", statement
+        if match["left"] == L4PROTO:
+            assert match["right"] in PROTOCOLS, statement
+            hits.append(match["right"] == protocol)
+        elif match["left"] == key:
+            bit = str(match["right"]).removeprefix(f"@{shared}-bit")
+            assert bit in {str(b) for b in range(6)}, statement
+            hits.append(int(bit) in bits)
+        else:
+            raise AssertionError(f"the walk does not know the match {statement!r}")
+    return target if all(hits) else None
+
+
+def _walk(
+    skeleton: Fragment, shared: str, key: dict[str, Any], protocol: str, bits: set[int]
+) -> tuple[str, list[str], str | None]:
+    """Where a `protocol` packet to a destination of the `shared` set, in
+    `<shared>-bit<j>` exactly for j in `bits`, goes: the root map's element
+    for its protocol, then through each pick chain its first rule that
+    matches, until a chain that is not a pick chain. Returns that chain,
+    the pick chains passed and the comment of the rule that left the tree."""
+    root = {d.name: d for d in skeleton.sets}[f"{shared}-root"]
+    assert (root.key, root.map, root.flags) == (("meta l4proto",), "verdict", ())
+    (verdict,) = [v for k, v in root.elements if k == protocol]
+    target, chains = _goto_target(verdict), {c.name: c for c in skeleton.chains}
+    path: list[str] = []
+    comment = None
+    while target.startswith("pick-"):
+        assert target not in path and len(path) < 6, (target, path)
+        chain = chains[target]
+        assert chain.hook is None and chain.rules, target
+        path.append(target)
+        for rule in chain.rules:
+            taken = _taken(rule, key, shared, protocol, bits)
+            if taken is not None:
+                target, comment = taken, rule.comment
+                break
+        else:
+            raise AssertionError(f"the packet falls off the end of {target}")
+    return target, path, comment
+
+
+TREES = [
+    pytest.param("shared-vips", "pick-vip", "dispatch-{p}-{g}-{n}", id="VIP"),
+    pytest.param("shared-nodeports", "pick-nodeport", "dispatch-nodeport-{p}-{g}-{n}",
+                 id="node port"),
+]
+
+
+@pytest.mark.parametrize("generation", ["b", "c"])
+@pytest.mark.parametrize(("shared", "tree", "leaf"), TREES)
+@pytest.mark.parametrize(("family", "ip"), [(V4, "ip"), (V6, "ip6")], ids=["IPv4", "IPv6"])
+def test_every_count_walks_the_pick_tree_to_its_chooser(
+    family: IPFamily, ip: str, shared: str, tree: str, leaf: str, generation: str
+) -> None:
+    """The specification of the pick tree: a destination in `shared-vips`
+    (`shared-nodeports`) enters it after the dispatch map by the root map's
+    element for its protocol, and, its count N - 1 spelled by its
+    membership in the bit sets (dispatch.count_bits), passes exactly 6 pick
+    chains of the generation, one per bit, to `dispatch-<p>-<g>-N`
+    (`dispatch-nodeport-<p>-<g>-N`), by a rule commented "N endpoints".
+    Every chain of the tree is on some count's path."""
+    skeleton = render_skeleton(family, CONFIG, NODE, generation=generation)
+    nodeport = shared == "shared-nodeports"
+    entry = ("meta l4proto . th dport" if nodeport
+             else f"{ip} daddr . meta l4proto . th dport")
+    lookup = "KUBE-NODEPORTS" if nodeport else "KUBE-SERVICES"
+    rules = [text(r) for r in chain_of(skeleton, lookup).rules]
+    dispatch_map = "service-nodeports" if nodeport else "service-ips"
+    at = rules.index(f"{entry} vmap @{dispatch_map}")
+    assert rules[at + 1] == f"{entry} @{shared} meta l4proto vmap @{shared}-root"
+    key, passed = _tree_key(ip, nodeport=nodeport), set[str]()
+    for n in range(1, 65):
+        bits = set(shared_dispatch.count_bits(n))
+        assert shared_dispatch.count_of(sorted(bits)) == n
+        for p in PROTOCOLS:
+            target, path, comment = _walk(skeleton, shared, key, p, bits)
+            assert target == leaf.format(p=p, g=generation, n=n), (n, p, path)
+            assert comment == f"{n} endpoints"
+            assert target in skeleton.chain_names()
+            assert len(path) == 6 and path[0] == f"{tree}-{generation}"
+            passed.update(path)
+    in_tree = {c.name for c in skeleton.chains if c.name.startswith(f"{tree}-{generation}")}
+    assert passed == in_tree and len(in_tree) == 63
+
+
 def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
     for g in GENERATIONS:
         skeleton = render_skeleton(V4, CONFIG, NODE, generation=g)
         in_generations = [c.name for c in skeleton.chains if sk.chain_generation(c.name)]
-        assert len(in_generations) == 4 * 3 * 64 + 2  # + external-local, nodeport-local
+        # + external-local, nodeport-local, and the two pick trees of 63 chains
+        assert len(in_generations) == 4 * 3 * 64 + 2 + 2 * 63
         assert {sk.chain_generation(c) for c in in_generations} == {g}
+        trees = {c for c in in_generations if c.startswith("pick-")}
+        assert len(trees) == 2 * 63 and all(sk.is_pick_chain(c) for c in trees)
+        for tree in (f"pick-vip-{g}", f"pick-nodeport-{g}"):
+            for chain in (tree, f"{tree}-0", f"{tree}-1", f"{tree}-10110", f"{tree}-11111"):
+                assert chain in trees and sk.generation_of(chain) is None, chain
         for p in PROTOCOLS:
             name = f"vip-endpoints-{p}-{g}"
             assert sk.generation_of(name) == g
@@ -439,9 +715,16 @@ def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
             assert sk.generation_of(f"dispatch-nodeport-{p}-{g}-1") is None
     for other in ("dispatch-tcp-a-0", "dispatch-tcp-a-65", "dispatch-tcp-d-1", "KUBE-SERVICES",
                   "hairpin-endpoints", "endpoints-tcp-a-00", "dispatch-nodeport-tcp-a-65",
-                  "clusterip-endpoints-tcp-a", "masquerade-vips", "masquerade-nodeports"):
+                  "clusterip-endpoints-tcp-a", "masquerade-vips", "masquerade-nodeports",
+                  "pick-vip-d", "pick-vip-a-2", "pick-vip-a-000000", "pick-nodeport-a-111111",
+                  "shared-vips", "shared-vips-bit0", "shared-nodeports-root"):
         assert sk.chain_generation(other) is None, other
-    for plain in ("masquerade-vips", "masquerade-nodeports", "clusterip-endpoints-tcp-a"):
+        assert not sk.is_pick_chain(other), other
+    # the pick tree's sets and root maps are not per generation: the root
+    # map's elements name the generation's tree
+    for plain in ("masquerade-vips", "masquerade-nodeports", "clusterip-endpoints-tcp-a",
+                  "shared-vips", "shared-vips-bit5", "shared-vips-root", "shared-nodeports",
+                  "shared-nodeports-bit0", "shared-nodeports-root"):
         assert sk.generation_of(plain) is None, plain
 
 
@@ -450,7 +733,8 @@ def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
 
 def test_a_10000_port_cluster_ip_only_cluster_renders_no_per_service_chain() -> None:
     """The whole table's chains are the skeleton's: every port is elements
-    only (1..5 endpoints each, the three protocols)."""
+    only (1..5 endpoints each, the three protocols), and none of them is a
+    goto (v10: each service-ips element is `continue`)."""
     protocols = list(L4Protocol)
     ports = [
         service_port(f"s{i}", cluster_ip=f"172.30.{i // 250}.{i % 250 + 1}",
@@ -464,6 +748,8 @@ def test_a_10000_port_cluster_ip_only_cluster_renders_no_per_service_chain() -> 
     skeleton = fragments.pop(SKELETON)
     assert len(fragments) == 10_000
     assert all(f.chains == () for f in fragments.values())
+    assert {e.value for f in fragments.values() for e in f.elements
+            if isinstance(e.value, Verdict)} == {Verdict("continue")}
     targets = {service_ips_target(f) for f in fragments.values()}
     assert targets == {f"dispatch-{p}-a-{n}" for p in PROTOCOLS for n in range(1, 6)}
     assert targets <= skeleton.chain_names()

@@ -1,19 +1,28 @@
-"""Ruleset v7's shared choosers at external destinations (rules/dispatch.py, service.py,
-skeleton.py).
+"""Ruleset v7/v10's shared choosers at external destinations (rules/dispatch.py,
+service.py, skeleton.py).
 
 A port with a node port, external IPs or LB VIPs shares choosers too when
 it has no ClientIP affinity, its external traffic policy is Cluster, and
-each destination it serves has 1..64 endpoints (`PortPlan.shared`). Then:
-- each external IP / LB VIP: a service-ips element goto the same
-  `dispatch-<proto>-<g>-<N>` as its cluster IP (N = its cluster endpoints),
-  comment "ns/svc:port KUBE-EXT-<h>", N `vip-endpoints-<proto>-<g>` elements
-  keyed (VIP, port, i), and a `masquerade-vips` element;
-- the node port: a service-nodeports element goto
-  `dispatch-nodeport-<proto>-<g>-<N>`, N `nodeport-endpoints-<proto>-<g>`
+each destination it serves has 1..64 endpoints (`PortPlan.shared`). Then
+(v10: a destination reaches its chooser not by a goto element, which makes
+the kernel re-validate the whole table, but by a `continue` element and
+plain elements the skeleton's pick tree reads; see test_rules_dispatch.py):
+- each external IP / LB VIP: a service-ips element `continue`, comment
+  "ns/svc:port KUBE-EXT-<h>", the key in `shared-vips` and in
+  `shared-vips-bit<j>` for each bit j of N - 1, which leads to the same
+  `dispatch-<proto>-<g>-<N>` as its cluster IP (N = its cluster endpoints);
+  N `vip-endpoints-<proto>-<g>` elements keyed (VIP, port, i), and a
+  `masquerade-vips` element;
+- the node port: a service-nodeports element `continue`, the key in
+  `shared-nodeports` and its bit sets, which leads to
+  `dispatch-nodeport-<proto>-<g>-<N>`; N `nodeport-endpoints-<proto>-<g>`
   elements keyed (node port, i), and a `masquerade-nodeports` element;
 - the skeleton marks both for masquerade (kube-proxy's KUBE-EXT rule) by a
-  rule placed before the verdict map of KUBE-SERVICES / KUBE-NODEPORTS, and
-  its node port choosers DNAT without a masquerade rule of their own.
+  rule placed before the verdict map of KUBE-SERVICES / KUBE-NODEPORTS (and
+  so before the pick tree's rule after it), and its node port choosers DNAT
+  without a masquerade rule of their own.
+Where a destination goes is read through builders.resolved (the `continue`
+and its plain elements as the goto they amount to).
 Also: which external ports keep chains (eTP=Local, > 64 endpoints), ports
 without endpoints, loadBalancerSourceRanges unchanged (checked before DNAT),
 and the bench's 10,000-service mix. test_rules_dispatch.py holds the
@@ -43,10 +52,12 @@ from builders import (
     NODE,
     chain_of,
     context,
+    elements_of,
     endpoint,
     many,
     nodeport_dnat,
     render,
+    resolved,
     sep,
     service_port,
     text,
@@ -92,9 +103,11 @@ def in_set(fragment: Fragment, set_name: str) -> dict[Any, Any]:
 
 
 def gotos(fragment: Fragment, set_name: str) -> dict[Any, str]:
-    """Key -> the goto target of each element of a verdict map."""
+    """Key -> the goto target of each element of a verdict map, a shared
+    destination's `continue` read through its pick-tree elements as the
+    goto it amounts to (builders.resolved)."""
     out = {}
-    for key, value in in_set(fragment, set_name).items():
+    for key, value in elements_of(fragment, set_name).items():
         assert isinstance(value, Verdict) and value.kind == "goto", (key, value)
         out[key] = value.target
     return out
@@ -246,8 +259,10 @@ def test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements() ->
 
     def vip(ip: str, identity: str) -> list[Element]:
         return [
-            Element("service-ips", (ip, "tcp", 80), Verdict("goto", "dispatch-tcp-a-2"),
+            Element("service-ips", (ip, "tcp", 80), Verdict("continue"),
                     f"ns1/svc1:p80 {identity}"),
+            Element("shared-vips", (ip, "tcp", 80)),
+            Element("shared-vips-bit0", (ip, "tcp", 80)),  # 2 endpoints: 2 - 1 = 0b1
             Element("vip-endpoints-tcp-a", (ip, 80, 0), *ep1),
             Element("vip-endpoints-tcp-a", (ip, 80, 1), *ep2),
         ]
@@ -259,8 +274,9 @@ def test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements() ->
         Element("masquerade-vips", (EIP, "tcp", 80), None, f"ns1/svc1:p80 {ext}"),
         *vip(LB, ext),
         Element("masquerade-vips", (LB, "tcp", 80), None, f"ns1/svc1:p80 {ext}"),
-        Element("service-nodeports", ("tcp", 3001),
-                Verdict("goto", "dispatch-nodeport-tcp-a-2"), f"ns1/svc1:p80 {ext}"),
+        Element("service-nodeports", ("tcp", 3001), Verdict("continue"), f"ns1/svc1:p80 {ext}"),
+        Element("shared-nodeports", ("tcp", 3001)),
+        Element("shared-nodeports-bit0", ("tcp", 3001)),
         Element("nodeport-endpoints-tcp-a", (3001, 0), *ep1),
         Element("nodeport-endpoints-tcp-a", (3001, 1), *ep2),
         Element("masquerade-nodeports", ("tcp", 3001), None, f"ns1/svc1:p80 {ext}"),
@@ -268,6 +284,10 @@ def test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements() ->
     ]
     assert sorted(map(repr, fragment.elements)) == sorted(map(repr, expected))
     assert len(fragment.elements) == len(expected)
+    # read through the pick tree: every VIP to the chooser of 2, the node port to its own
+    assert gotos(fragment, "service-ips") == {
+        (ip, "tcp", 80): "dispatch-tcp-a-2" for ip in (CIP, EIP, LB)}
+    assert gotos(fragment, "service-nodeports") == {("tcp", 3001): "dispatch-nodeport-tcp-a-2"}
 
 
 def test_the_node_port_goes_to_the_shared_node_port_chooser() -> None:
@@ -289,18 +309,20 @@ def test_external_elements_follow_the_render_generation(generation: str) -> None
         f"dispatch-nodeport-tcp-{generation}-2"}
     assert len(in_set(fragment, f"vip-endpoints-tcp-{generation}")) == 3 * 2
     assert len(in_set(fragment, f"nodeport-endpoints-tcp-{generation}")) == 2
-    # the masquerade sets are not per generation
+    # the masquerade sets and the pick tree's sets are not per generation
     assert {e.set_name for e in fragment.elements if e.set_name.startswith("masquerade-")} == {
         "masquerade-vips", "masquerade-nodeports"}
+    assert {e.set_name for e in fragment.elements if e.set_name.startswith("shared-")} == {
+        "shared-vips", "shared-vips-bit0", "shared-nodeports", "shared-nodeports-bit0"}
 
 
 def _chances(fragment: Fragment, set_name: str, key: tuple[Any, ...]) -> dict[str, Fraction]:
     """Chance of a packet matching `key` in `set_name` (service-ips or
-    service-nodeports) being DNATed to each endpoint: follow the goto into
-    the skeleton's chooser, read its DNAT's key (the packet's destination
-    and/or port, then numgen random mod N) and look each index up."""
-    (target,) = [e.value.target for e in fragment.elements
-                 if e.set_name == set_name and e.key == key and isinstance(e.value, Verdict)]
+    service-nodeports) being DNATed to each endpoint: follow its element
+    (`continue` and the pick tree's elements, read as the goto they amount
+    to) into the skeleton's chooser, read its DNAT's key (the packet's
+    destination and/or port, then numgen random mod N) and look each index up."""
+    target = gotos(fragment, set_name)[key]
     chooser = chain_of(render_skeleton(V4, CONFIG, NODE), target)
     (dnat,) = [s["dnat"] for s in chooser.rules[-1].expr if "dnat" in s]
     *fields, index = dnat["addr"]["map"]["key"]["concat"]
@@ -409,18 +431,21 @@ def test_external_destinations_are_marked_before_the_verdict_maps(
 ) -> None:
     """kube-proxy's KUBE-EXT marks eTP=Cluster external traffic for
     masquerade before choosing; here the first rule of KUBE-SERVICES and of
-    KUBE-NODEPORTS does it for the shared ports, ahead of the vmap that
-    gotos the chooser (a goto does not come back)."""
+    KUBE-NODEPORTS does it for the shared ports, ahead of the vmap (whose
+    gotos do not come back) and of the rule after it that sends a shared
+    destination (`continue` in the vmap) down the pick tree to its chooser."""
     skeleton = render_skeleton(family, CONFIG, NODE)
     services = [text(r) for r in chain_of(skeleton, "KUBE-SERVICES").rules]
     nodeports = [text(r) for r in chain_of(skeleton, "KUBE-NODEPORTS").rules]
-    assert services[:2] == [
+    assert services[:3] == [
         f"{ip} daddr . meta l4proto . th dport @masquerade-vips {MASQ}",
         f"{ip} daddr . meta l4proto . th dport vmap @service-ips",
+        f"{ip} daddr . meta l4proto . th dport @shared-vips meta l4proto vmap @shared-vips-root",
     ]
     assert nodeports == [
         f"meta l4proto . th dport @masquerade-nodeports {MASQ}",
         "meta l4proto . th dport vmap @service-nodeports",
+        "meta l4proto . th dport @shared-nodeports meta l4proto vmap @shared-nodeports-root",
     ]
     decls = {s.name: s for s in skeleton.sets}
     assert decls["masquerade-vips"].key == (f"{ip} daddr", "meta l4proto", "th dport")
@@ -468,7 +493,11 @@ def test_the_bench_mix_of_10000_services_keeps_chains_only_for_affinity() -> Non
         assert isinstance(owner, ServicePortName)
         assert services[owner].affinity
     shared = [f for f in fragments.values() if not f.chains]
-    targets = {e.value.target for f in shared for e in f.elements
+    # v10: no shared destination's dispatch map element is a goto to a chooser
+    assert not any(isinstance(e.value, Verdict) and e.value.target.startswith("dispatch-")
+                   for f in shared for e in f.elements
+                   if e.set_name in ("service-ips", "service-nodeports"))
+    targets = {e.value.target for f in shared for e in resolved(f)
                if isinstance(e.value, Verdict) and e.value.kind == "goto"}
     assert targets <= skeleton.chain_names()
     assert {t.rsplit("-", 1)[0] for t in targets} == {

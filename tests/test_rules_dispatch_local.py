@@ -12,6 +12,11 @@ KUBE-SVC-<h>; `*-local-choosers-<g>`: of its local endpoints, comment
 KUBE-SVL-<h>, only with local endpoints). The local choosers
 (`dispatch-local-...`, `dispatch-nodeport-local-...`) pick from their own
 maps and have no masquerade rule: external traffic keeps its source.
+The eTP=Local destinations' elements are gotos still (ruleset v10's pick
+tree serves only service-ips / service-nodeports elements of shared
+destinations, test_rules_dispatch.py): such a port's cluster IP (iTP=Cluster)
+is one, a `continue` element and the pick tree's plain elements, read here
+through builders.resolved (`gotos`) as the goto to its chooser.
 Aspects: the port's elements (VIP, node port, none local, terminating
 fallback, UDP), no masquerade-vips / masquerade-nodeports elements, the
 skeleton's chains per detector, the local choosers, generation names.
@@ -87,8 +92,12 @@ def test_an_etp_local_vip_goes_to_external_local_and_its_two_choosers() -> None:
         assert picks(fragment, "vip-endpoints-tcp-a", vip, 80) == [
             f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"]
         assert picks(fragment, "vip-local-endpoints-tcp-a", vip, 80) == [f"{EP1}:80", f"{EP3}:80"]
-    # the cluster IP: a shared port's, of every endpoint (iTP=Cluster)
+    # the cluster IP: a shared port's, of every endpoint (iTP=Cluster), by
+    # the pick tree; the eTP=Local destinations have no pick-tree element
     assert gotos(fragment, "service-ips")[(CIP, "tcp", 80)] == "dispatch-tcp-a-3"
+    assert element(fragment, "service-ips", (CIP, "tcp", 80)).value == Verdict("continue")
+    assert {e.key for e in fragment.elements if e.set_name.startswith("shared-")} == {
+        (CIP, "tcp", 80)}
     # kube-proxy's KUBE-EXT of an eTP=Local port marks only LOCAL traffic:
     # external-local-a does, no masquerade-vips element
     assert in_set(fragment, "masquerade-vips") == {} == in_set(fragment, "masquerade-nodeports")
@@ -109,6 +118,7 @@ def test_an_etp_local_node_port_goes_to_nodeport_local_and_its_two_choosers() ->
     assert picks(fragment, "nodeport-endpoints-tcp-a", 3001) == [
         f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"]
     assert picks(fragment, "nodeport-local-endpoints-tcp-a", 3001) == [f"{EP1}:80", f"{EP3}:80"]
+    assert not any(e.set_name.startswith("shared-nodeports") for e in fragment.elements)
 
 
 def test_without_a_local_endpoint_there_is_no_local_chooser_and_the_destination_drops() -> None:

@@ -37,6 +37,7 @@ from builders import (
     picks,
     render,
     render_own,
+    resolved,
     rules_of,
     service_port,
     shared_dnat,
@@ -77,10 +78,14 @@ def shared_chooser_rules(
 ) -> list[str]:
     """The rules of the skeleton's shared chooser (same config and node) that
     the shared `port`'s cluster IP's service-ips element (or with `set_name`
-    service-nodeports, its node port's) goes to; the port has no chain."""
+    service-nodeports, its node port's) goes to; the port has no chain.
+    The element is `continue` (ruleset v10): where it goes is read through
+    its pick-tree elements (builders.resolved)."""
     fragment = render(port, endpoints, config=config, node=node).fragment
     assert fragment.chains == ()
-    (goto,) = [e.value for e in fragment.elements if e.set_name == set_name]
+    (raw,) = [e.value for e in fragment.elements if e.set_name == set_name]
+    assert raw == Verdict("continue")
+    (goto,) = [e.value for e in resolved(fragment) if e.set_name == set_name]
     assert isinstance(goto, Verdict) and goto.kind == "goto"
     skeleton = render_skeleton(port.family, config, node)
     return [text(r) for r in chain_of(skeleton, goto.target).rules]

@@ -470,6 +470,9 @@ RENDERER_TESTS = {
     "_shared_nodeport": "test_the_node_port_goes_to_the_shared_node_port_chooser",
     "_local_vip": "test_an_etp_local_vip_goes_to_external_local_and_its_two_choosers",
     "_local_nodeport": "test_an_etp_local_node_port_goes_to_nodeport_local_and_its_two_choosers",
+    "_to_chooser": (
+        "test_a_chooser_is_reached_by_continue_in_dispatch_maps_and_by_goto_in_choosers_maps"
+    ),
     "_picked": "test_shared_elements_are_the_endpoints_in_order_keyed_by_cluster_ip",
     "_external_elements": "test_dispatch",
     "_nodeport_elements": "test_dispatch",

@@ -46,6 +46,7 @@ from skeleton_golden import (
     MARK,
     NOT_LOOPBACK_V4,
     NOT_LOOPBACK_V6,
+    PICK_CHAINS,
     PROTOCOLS,
     TH_DPORT,
     Rules,
@@ -108,8 +109,9 @@ def test_base_chains_hook_types_and_integer_priorities() -> None:
 def test_kube_chains_are_regular_chains() -> None:
     fragment = render_skeleton(V4, DEFAULT, NODE)
     regular = {c.name for c in fragment.chains if c.hook is None}
-    assert regular == KUBE_CHAINS | DISPATCH_CHAINS | AFFINITY_CHAINS
+    assert regular == KUBE_CHAINS | DISPATCH_CHAINS | PICK_CHAINS | AFFINITY_CHAINS
     assert len(DISPATCH_CHAINS) == 4 * 3 * 64 + 2
+    assert len(PICK_CHAINS) == 2 * 63
 
 
 def test_ipv4_skeleton_rules_are_golden() -> None:
@@ -144,7 +146,11 @@ def test_ipv4_maps_and_sets_are_golden() -> None:
         "saddr . numgen random mod 1 . numgen random mod 1; flags dynamic, timeout; size "
         '1048576; comment "ClientIP affinity: client . KUBE-SEP key, expiring"; }'
     ]
-    assert all(s.elements == () for s in fragment.sets)
+    # the root maps' elements: each protocol to generation a's pick tree (ruleset v10)
+    assert {s.name: s.elements for s in fragment.sets if s.elements} == {
+        f"shared-{kind}s-root": tuple([p, goto(f"pick-{kind}-a")] for p in PROTOCOLS)
+        for kind in ("vip", "nodeport")
+    }
     assert [s.name for s in fragment.sets if s.dynamic] == ["affinity:affinity"]
 
 
@@ -197,6 +203,11 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
         "cluster-ips": "ipv6_addr",
         "nodeport-ips": "ipv6_addr",
         "service-cidrs": "ipv6_addr",
+        **{f"shared-vips{bit}": "ipv6_addr" for bit in ("", *(f"-bit{b}" for b in range(6)))},
+        **{f"shared-nodeports{bit}": "inet_proto"
+           for bit in ("", *(f"-bit{b}" for b in range(6)))},
+        "shared-vips-root": "inet_proto",
+        "shared-nodeports-root": "inet_proto",
     }
     assert (sets(fragment)["firewall-allow"].type, sets(fragment)["hairpin-endpoints"].type) == (
         ("ipv6_addr", "inet_proto", "inet_service", "ipv6_addr"), ("ipv6_addr", "ipv6_addr"))

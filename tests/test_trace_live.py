@@ -140,13 +140,16 @@ def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(node
     assert lines[0].startswith("tracing 192.168.50.1 -> 10.96.0.53:53/udp in table ip nftproxy")
     assert lines[1].startswith("packet 1 (trace id ")
     # demo/dns is reached only at its cluster IP: the shared chooser for three
-    # endpoints stands in for its KUBE-SVC, which the service-ips element names
+    # endpoints stands in for its KUBE-SVC, which the service-ips element names;
+    # the element is `continue`, and the pick tree leads to the chooser
     # (KUBE-SERVICES #1 marks the external destinations of shared choosers)
     assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#2"] and
-               "=> goto dispatch-udp-a-3" in line for line in lines), out
-    assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#2"] and
-               "@service-ips: 10.96.0.53 . udp . 53 : goto dispatch-udp-a-3" in line and
+               "@service-ips: 10.96.0.53 . udp . 53 : continue" in line and
                line.endswith("(demo/dns:dns KUBE-SVC-IXHL676EY46F5RLS)") for line in lines), out
+    assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#3"] and
+               "=> goto pick-vip-a" in line for line in lines), out
+    assert any(line.split()[1].startswith("pick-vip-a-") and
+               "=> goto dispatch-udp-a-3" in line for line in lines), out
     assert any("dnat to 10.244." in line and "=> accept" in line for line in lines), out
     assert any(line.split()[:3] == ["output", "dispatch-udp-a-3", "#2"] and
                "@vip-endpoints-udp-a: 10.96.0.53 . 53 . " in line and
@@ -180,14 +183,17 @@ def test_live_trace_names_kube_ext_of_a_node_port_with_a_shared_chooser(node: st
     assert proc.returncode == 0, err
     lines = out.splitlines()
     # demo/web-np (eTP=Cluster): KUBE-NODEPORTS #1 marks it as its KUBE-EXT
-    # would, the service-nodeports element sends it to the shared chooser
+    # would, the service-nodeports element sends it on to the pick tree,
+    # which goes to the shared chooser
     ext = names.external_chain(ServicePortName("demo", "web-np", "http", L4Protocol.TCP))
     assert any(line.split()[:3] == ["output", "KUBE-NODEPORTS", "#1"] and
                "@masquerade-nodeports: tcp . 30080" in line and
                line.endswith(f"(demo/web-np:http {ext})") for line in lines), out
     assert any(line.split()[:3] == ["output", "KUBE-NODEPORTS", "#2"] and
-               "@service-nodeports: tcp . 30080 : goto dispatch-nodeport-tcp-a-" in line and
+               "@service-nodeports: tcp . 30080 : continue" in line and
                line.endswith(f"(demo/web-np:http {ext})") for line in lines), out
+    assert any(line.split()[1].startswith("pick-nodeport-a-") and
+               "=> goto dispatch-nodeport-tcp-a-" in line for line in lines), out
     assert any(line.split()[1].startswith("dispatch-nodeport-tcp-a-") and
                "@nodeport-endpoints-tcp-a: 30080 . " in line and "KUBE-SEP-" in line
                for line in lines), out

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nftproxy.core.model import L4Protocol, ServicePortName
-from nftproxy.core.rules import names
+from nftproxy.core.rules import dispatch, names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.fragment import affinity_table_name
 from nftproxy.core.trace.identity import EXTERNAL, FIREWALL, LOCAL, chooser, identity, split
@@ -150,6 +150,40 @@ def _affinity_table_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
     return {_key_text(key): verdict for key, _, verdict in map(elem_parts, elems)}
 
 
+_PICKED = frozenset({sk.SERVICE_IPS, sk.SERVICE_NODEPORTS})
+
+
+def _picked_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
+    """Where the pick tree sends each destination of `set_name` (ruleset
+    v10: a shared port's `service-ips` / `service-nodeports` element is
+    `continue`; its count is in the bit sets, its generation in the root
+    map: rules/dispatch.py), as the goto it stands for, by key."""
+    nodeport = set_name == sk.SERVICE_NODEPORTS
+    root = parsed.sets.get(dispatch.root_map(nodeport=nodeport), {}).get("elem", [])
+    generation = next(
+        (sk.chain_generation(_target(v).split()[-1]) for _, _, v in map(elem_parts, root)), None
+    )
+    if generation is None:
+        return {}
+    members = parsed.sets.get(dispatch.shared_set(nodeport=nodeport), {}).get("elem", [])
+    named = (dispatch.count_bit_set(b, nodeport=nodeport) for b in range(dispatch.COUNT_BITS))
+    bits = [
+        {_key_text(elem_parts(e)[0]) for e in parsed.sets.get(name, {}).get("elem", [])}
+        for name in named
+    ]
+    leaf = dispatch.nodeport_dispatch_chain if nodeport else dispatch.dispatch_chain
+    out: dict[str, Any] = {}
+    for key, _, _ in map(elem_parts, members):
+        text = _key_text(key)
+        count = dispatch.count_of([b for b, keys in enumerate(bits) if text in keys])
+        try:
+            protocol = L4Protocol(str(key[0 if nodeport else 1]).upper())
+        except ValueError:
+            continue
+        out[text] = {"goto": {"target": leaf(protocol, generation, count)}}
+    return out
+
+
 def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]:
     views: dict[tuple[str, str], ServiceView] = {}
     choosers = [name for name in parsed.sets if sk.is_choosers_map(name)]
@@ -161,12 +195,15 @@ def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]
         *choosers,
     ):
         aside = _affinity_table_verdicts(parsed, set_name)
+        picked = _picked_verdicts(parsed, set_name) if set_name in _PICKED else {}
         for elem in parsed.sets.get(set_name, {}).get("elem", []):
             key, comment, verdict = elem_parts(elem)
             if not comment:
                 continue
             if _target(verdict) == "accept":
                 verdict = aside.get(_key_text(key), verdict)
+            elif _target(verdict) == "continue":
+                verdict = picked.get(_key_text(key), verdict)
             tag = chooser(comment)
             label = split(comment)[1] if tag else comment
             proto = key[1] if len(key) == 3 else key[0]

@@ -310,10 +310,11 @@ class LiveTrace:
     def _element(self, pk: _Packet, rule: Rule, verdict: str, rs: Ruleset) -> None:
         """The element of a named verdict map that gave the rule's verdict
         (printed as `nftproxy trace` prints it, with its comment: the
-        service port, and the KUBE-SVC/SVL/EXT-<h> of a shared chooser), or
+        service port, and the KUBE-SVC/SVL/EXT-<h> of a shared chooser,
+        whose `continue` leads to the pick tree), or
         the commented element of a named set the rule matched before it
         jumped (`masquerade-vips`: the KUBE-EXT-<h> whose mark it sets)."""
-        if not verdict.startswith(("jump ", "goto ")):
+        if not verdict.startswith(("jump ", "goto ", "continue")):
             return
         for statement in rule.statements:
             if isinstance(statement, sx.Match) and isinstance(statement.right, sx.SetRef):

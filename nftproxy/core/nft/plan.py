@@ -182,6 +182,8 @@ class _Batch:
     add_sets: list[Json] = field(default_factory=list)
     add_chains: list[Json] = field(default_factory=list)
     add_rules: list[Json] = field(default_factory=list)
+    static_elems: list[Json] = field(default_factory=list)
+    """The skeleton's own elements, after the chains (a root map's goto)."""
     add_elems: dict[str, list[Element]] = field(default_factory=dict)
     del_chains: list[Json] = field(default_factory=list)
 
@@ -190,6 +192,7 @@ class _Batch:
         for name, elems in self.del_elems.items():
             out += table.delete_elements(name, elems)
         out += [*self.del_sets, *self.add_sets, *self.add_chains, *self.add_rules]
+        out += self.static_elems
         for name, elems in self.add_elems.items():
             out += table.add_elements(name, elems)
         return out + self.del_chains
@@ -251,7 +254,7 @@ def _add_set(b: _Batch, t: Table, decl: SetDecl) -> None:
         b.declare.append(t.declare_text(decl))
     else:
         b.add_sets.append(t.add_set(decl))
-    b.add_sets += t.add_set_elements(decl.name, decl.elements)
+    b.static_elems += t.add_set_elements(decl.name, decl.elements)
 
 
 def _diff_sets(
@@ -276,7 +279,8 @@ def _diff_sets(
             b.del_sets.append(t.delete_set(name, is_map=bool(prev.map)))
             _add_set(b, t, decl)
         elif prev.elements != decl.elements and not decl.dynamic:
-            b.add_sets += [t.flush_set(decl), *t.add_set_elements(name, decl.elements)]
+            b.add_sets.append(t.flush_set(decl))
+            b.static_elems += t.add_set_elements(name, decl.elements)
     for name, prev in old.items():
         if name not in new:
             _remove_set(b, t, name, prev.map, defer=defer, stale=stale_sets)

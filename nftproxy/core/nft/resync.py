@@ -69,6 +69,7 @@ from nftproxy.core.nft.plan import (
     _same_declaration,
     _write_chain,
 )
+from nftproxy.core.rules import dispatch
 from nftproxy.core.rules.fragment import (
     CompactFragment,
     Element,
@@ -153,11 +154,17 @@ def _added_in_steps(decl: SetDecl) -> bool:
         generation_of(decl.name) is not None
         or decl.dynamic
         or decl.name in _MARKING
+        or decl.name in _PICKING
         or in_affinity_table(decl.name)
     )
 
 
 _MARKING = frozenset({MASQUERADE_VIPS, MASQUERADE_NODEPORTS})
+_PICKING = dispatch.selector_set_names()
+"""The pick trees' sets and root maps (new in ruleset v10), added empty in
+step 0: the skeleton's rule that looks them up finds nothing, so every
+destination keeps its verdict-map goto until the final step fills them and
+switches the verdict maps to `continue`."""
 """The shared choosers' masquerade sets (new in ruleset v7), added empty in
 step 0: until the final step switches the dispatch maps no destination
 goes to a shared chooser, and the KUBE-EXT chains still in use mark their
@@ -244,7 +251,7 @@ class ResyncPlan:
                 continue
             if decl.name in listed.sets:
                 b.flush.append(t.flush_set(decl))
-            b.add_sets += t.add_set_elements(decl.name, decl.elements)
+            b.static_elems += t.add_set_elements(decl.name, decl.elements)
         _add_winners(b, fresh.index, self._final_elements)
         counts = {"owners": len(fresh.fragments), "elements": len(fresh.index)}
         return Staged(b.commands(t), lambda: self._state.take(fresh), counts)

@@ -29,6 +29,7 @@ __all__ = [
     "is_external_local_chain",
     "is_hairpin_set",
     "is_indexed_map",
+    "is_pick_chain",
     "is_unsharded_endpoints_map",
 ]
 
@@ -147,6 +148,14 @@ def is_external_local_chain(name: str) -> bool:
     """Whether `name` is a generation's external-local or nodeport-local
     chain: what KUBE-EXT does for every eTP=Local port (rules/dispatch.py)."""
     return name in _EXTERNAL_LOCAL
+
+
+_PICK_CHAINS = frozenset(name for g in GENERATIONS for name in dispatch.pick_chain_names(g))
+
+
+def is_pick_chain(name: str) -> bool:
+    """Whether `name` is a chain of a generation's pick tree (rules/dispatch.py)."""
+    return name in _PICK_CHAINS
 
 
 _CHOOSERS_MAPS = frozenset(

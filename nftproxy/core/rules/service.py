@@ -50,6 +50,7 @@ from nftproxy.core.rules.fragment import (
     Element,
     Fragment,
     Json,
+    Key,
     Rule,
     Target,
     Verdict,
@@ -62,6 +63,7 @@ __all__ = ["PortPlan", "RenderContext", "RenderedPort", "plan_port", "render_ser
 REJECT = Verdict("goto", sk.REJECT)
 DROP = Verdict("drop")
 ACCEPT = Verdict("accept")
+CONTINUE = Verdict("continue")
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,9 +256,23 @@ def _shared_vip(
     key = _key(vip, port, port.port)
     map_name = dispatch.vip_endpoints_map(port.protocol, g, local=local)
     return [
-        Element(table, key, Verdict("goto", chooser), comment),
+        *_to_chooser(table, key, chooser, comment, len(endpoints)),
         *_picked(p, map_name, (vip, port.port), endpoints),
     ]
+
+
+def _to_chooser(table: str, key: Key, chooser: str, comment: str, count: int) -> list[Element]:
+    """A destination's way to its shared chooser: in `service-ips` /
+    `service-nodeports` a `continue` element and the pick tree's elements
+    (rules/dispatch.py: plain elements, which a commit adds without the
+    kernel re-validating the table), in an eTP=Local choosers map a goto."""
+    if table in _DISPATCH_MAPS:
+        nodeport = table == sk.SERVICE_NODEPORTS
+        return [
+            Element(table, key, CONTINUE, comment),
+            *dispatch.selector_elements(key, count, nodeport=nodeport),
+        ]
+    return [Element(table, key, Verdict("goto", chooser), comment)]
 
 
 def _local_vip(p: PortPlan, vip: str, ctx: RenderContext) -> list[Element]:
@@ -310,7 +326,7 @@ def _shared_nodeport(
     key = (port.protocol.nft, port.node_port)
     map_name = dispatch.nodeport_endpoints_map(port.protocol, g, local=local)
     return [
-        Element(table, key, Verdict("goto", chooser), comment),
+        *_to_chooser(table, key, chooser, comment, len(endpoints)),
         *_picked(p, map_name, (port.node_port,), endpoints),
     ]
 

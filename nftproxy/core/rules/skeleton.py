@@ -7,7 +7,8 @@ content reaches the maps only as elements owned by service fragments.
 Packet path of a new connection (docs/upstream-nftables-notes.md §1.6):
   filter prerouting/output -110  KUBE-FIREWALL-CHECK: loadBalancerSourceRanges, pre-DNAT
                                  (firewall-vips / firewall-allow sets)
-  nat prerouting/output -100     KUBE-SERVICES: service-ips vmap, then KUBE-NODEPORTS
+  nat prerouting/output -100     KUBE-SERVICES: service-ips vmap, the shared choosers' pick
+                                 tree (shared-vips), then KUBE-NODEPORTS
   nat prerouting/output -99      the affinity table's KUBE-SERVICES (ports with ClientIP
                                  affinity, which the main table's maps `accept`)
   filter input/forward/output 0  KUBE-EXTERNAL-SERVICES: no-endpoint reject/drop (post-DNAT)
@@ -51,6 +52,7 @@ from nftproxy.core.rules.generations import (
     is_endpoints_map,
     is_external_local_chain,
     is_hairpin_set,
+    is_pick_chain,
     is_unsharded_endpoints_map,
 )
 
@@ -94,6 +96,7 @@ __all__ = [
     "is_endpoints_map",
     "is_external_local_chain",
     "is_hairpin_set",
+    "is_pick_chain",
     "is_unsharded_endpoints_map",
     "nodeport_ips",
     "render_skeleton",
@@ -240,6 +243,7 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                     expr.vmap(daddr_key, SERVICE_IPS),
                     comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
                 ),
+                dispatch.selector_rule(family, nodeport=False),
                 _rule(
                     *nodeport_dst, expr.goto(NODEPORTS), comment="NodePort traffic (must be last)"
                 ),
@@ -254,6 +258,7 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                     comment="node ports of services with shared choosers",
                 ),
                 _rule(expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS)),
+                dispatch.selector_rule(family, nodeport=True),
             ),
         ),
         Chain(FIREWALL_CHECK, (_source_range_rule(family),)),
@@ -480,12 +485,14 @@ def render_skeleton(
         *_lookup_chains(family, config),
         *_helper_chains(family, config),
         *dispatch.dispatch_chains(family, generation, masq),
+        *dispatch.pick_chains(family, generation),
         *dispatch.external_local_chains(family, generation, pods, MARK_MASQ),
     )
     sets = (
         *_maps_and_sets(family, config, node, service_cidrs),
         *_endpoints_maps(family, generation),
         *dispatch.dispatch_maps(family, generation),
+        *dispatch.selector_sets(family, generation),
     )
     aside_chains, aside_sets = _affinity_table(family, config, node)
     return Fragment(family, (*chains, *aside_chains), (*sets, *aside_sets))

@@ -113,11 +113,23 @@ def _shared_choosers(flow: Flow) -> dict[str, str]:
         target = e.verdict.split()[-1] if e.verdict else ""
         if _is_shared_chooser(target) and chooser(e.comment):
             out.setdefault(target, chooser(e.comment))
+        elif target == "continue" and chooser(e.comment):
+            # ruleset v10: the pick tree led to the chooser (rules/dispatch.py)
+            leaf = next((s.chain for s in flow.steps if _is_leaf(s.chain)), None)
+            if leaf is not None:
+                out.setdefault(leaf, chooser(e.comment))
     return out
 
 
 def _is_shared_chooser(chain: str) -> bool:
     return sk.chain_generation(chain) is not None
+
+
+def _is_leaf(chain: str) -> bool:
+    """A shared chooser a pick tree goes to (not a tree node, not external-local)."""
+    return _is_shared_chooser(chain) and not (
+        sk.is_pick_chain(chain) or sk.is_external_local_chain(chain)
+    )
 
 
 def _service_chains(flow: Flow, shared: dict[str, str]) -> tuple[str, ...]:

@@ -104,7 +104,7 @@ def rhs_text(rhs: Rhs) -> str:
 # --- statements -----------------------------------------------------------------------
 
 _OPS = ("==", "!=", "in")
-_VERDICTS = ("accept", "drop", "return", "jump", "goto")
+_VERDICTS = ("accept", "drop", "return", "continue", "jump", "goto")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +124,7 @@ class VerdictKind(str, Enum):
     ACCEPT = "accept"
     DROP = "drop"
     RETURN = "return"
+    CONTINUE = "continue"
     JUMP = "jump"
     GOTO = "goto"
 
@@ -255,7 +256,7 @@ def parse_verdict(node: Any) -> Verdict:
         ((name, body),) = node.items()
         if name in ("jump", "goto") and isinstance(body, Mapping) and "target" in body:
             return Verdict(VerdictKind(name), str(body["target"]))
-        if name in _VERDICTS[:3]:
+        if name in _VERDICTS[:4]:
             return Verdict(VerdictKind(name))
     raise Unsupported(f"unsupported verdict {short(node)}")
 

@@ -214,6 +214,8 @@ class _Rule:
             return [(flow.ended("drop", self.where, self.via), Signal.DROP)]
         if kind is sx.VerdictKind.RETURN:
             return [(flow, Signal.RETURN)]
+        if kind is sx.VerdictKind.CONTINUE:
+            return [(flow, Signal.NEXT)]
         depth = self.depth + 1 if kind is sx.VerdictKind.JUMP else self.depth
         ends = run_chain(self.rs, verdict.target, flow, depth=depth, via=self.where)
         if kind is sx.VerdictKind.GOTO:
