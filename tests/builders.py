@@ -301,8 +301,8 @@ _SELECTOR_SETS = frozenset(
     for nodeport in (False, True)
     for name in (
         shared_dispatch.shared_set(nodeport=nodeport),
-        *(shared_dispatch.count_bit_set(b, nodeport=nodeport)
-          for b in range(shared_dispatch.COUNT_BITS)),
+        *(shared_dispatch.count_bit_set(b, g, nodeport=nodeport)
+          for b in range(shared_dispatch.COUNT_BITS) for g in sk.GENERATIONS),
     )
 )
 
@@ -337,7 +337,8 @@ def resolved(fragment: Fragment) -> list[Element]:
             member = sets_of.get(e.key, set())
             assert shared_dispatch.shared_set(nodeport=nodeport) in member, e
             bits = [b for b in range(shared_dispatch.COUNT_BITS)
-                    if shared_dispatch.count_bit_set(b, nodeport=nodeport) in member]
+                    if shared_dispatch.count_bit_set(b, generation, nodeport=nodeport)
+                    in member]
             protocol = L4Protocol(str(e.key[0 if nodeport else 1]).upper())
             leaf = (shared_dispatch.nodeport_dispatch_chain if nodeport
                     else shared_dispatch.dispatch_chain)

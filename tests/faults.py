@@ -152,6 +152,8 @@ def in_generation(listed: str, generation: str) -> str:
     renamed = re.sub(external, rf"\g<1>{generation}", renamed)
     # the pick trees (ruleset v10)
     renamed = re.sub(r"\b(pick-(?:vip|nodeport)-)[a-z]\b", rf"\g<1>{generation}", renamed)
+    renamed = re.sub(r"\b(shared-(?:vips|nodeports)-)[a-z](-bit)", rf"\g<1>{generation}\g<2>",
+                     renamed)
     return json.dumps(_hairpin_in(json.loads(renamed), generation), sort_keys=True)
 
 
@@ -329,7 +331,8 @@ def _picked(sets: Mapping[str, list[Any]], key: list[Any]) -> str:
     (_, root), *_ = sets["shared-vips-root"]
     generation = root["goto"]["target"].removeprefix("pick-vip-")
     assert {"concat": key} in sets["shared-vips"], key
-    bits = [b for b in range(6) if {"concat": key} in sets[f"shared-vips-bit{b}"]]
+    bits = [b for b in range(6)
+            if {"concat": key} in sets[f"shared-vips-{generation}-bit{b}"]]
     return f"dispatch-{key[1]}-{generation}-{1 + sum(1 << b for b in bits)}"
 
 

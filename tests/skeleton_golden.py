@@ -135,7 +135,7 @@ def external_local(key: Any, where: str) -> list[tuple[list[Any], str]]:
 def pick_tree(key: Any, kind: str) -> dict[str, list[tuple[list[Any], str | None]]]:
     """pick-<kind>-a and its 62 descendants (ruleset v10): a node tests
     the next bit of the destination's endpoint count - 1 (bit 5 first) in
-    shared-<kind>s-bit<k> and goes down; the nodes of the last level test
+    shared-<kind>s-a-bit<k> and goes down; the nodes of the last level test
     bit 0 per protocol and go to the chooser of that count."""
     sets = "shared-nodeports" if kind == "nodeport" else "shared-vips"
     leaf = "dispatch-nodeport-" if kind == "nodeport" else "dispatch-"
@@ -144,7 +144,7 @@ def pick_tree(key: Any, kind: str) -> dict[str, list[tuple[list[Any], str | None
         for value in range(1 << depth):
             prefix = format(value, f"0{depth}b") if depth else ""
             name = f"pick-{kind}-a" + (f"-{prefix}" if prefix else "")
-            bit = {"match": {"op": "==", "left": key, "right": f"@{sets}-bit{5 - depth}"}}
+            bit = {"match": {"op": "==", "left": key, "right": f"@{sets}-a-bit{5 - depth}"}}
             if depth < 5:
                 out[name] = [([bit, goto(f"pick-{kind}-a-{prefix}1")], None),
                              ([goto(f"pick-{kind}-a-{prefix}0")], None)]
@@ -335,7 +335,7 @@ GOLDEN_SETS_V4 = [
         for where, key, text in (("vips", THREE, "VIP"), ("nodeports", TWO, "node port"))
         for entry in (
             _set("set", f"shared-{where}", key, f"{text}s of the shared choosers"),
-            *(_set("set", f"shared-{where}-bit{b}", key, f"{text}s: endpoints - 1, bit {b}")
+            *(_set("set", f"shared-{where}-a-bit{b}", key, f"{text}s: endpoints - 1, bit {b}")
               for b in range(6)),
             _set("map", f"shared-{where}-root", "inet_proto",
                  f"{text}s of the shared choosers: the generation's pick tree", map="verdict"),

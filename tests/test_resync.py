@@ -198,6 +198,8 @@ def test_it_goes_in_steps_none_near_the_single_transaction(commits: Commits) -> 
               "external-cluster-choosers-b", "external-local-choosers-b",
               "nodeport-cluster-choosers-b", "nodeport-local-choosers-b"}
     assert {"hairpin-endpoints-b", "vip-endpoints-tcp-b"} <= stepped
+    # ... and of the pick trees' bit sets of the new generation (ruleset v10)
+    shared |= {n for n in stepped if n.startswith(("shared-vips-b-bit", "shared-nodeports-b-bit"))}
     assert all(n.startswith("endpoints-tcp-b-") for n in stepped - shared)
     assert not any("element" in body and body["element"]["name"].startswith(
         ("endpoints-", "hairpin-", "vip-", "nodeport-")) for c in final for body in c.values())
@@ -419,7 +421,8 @@ def _as_ruleset_v9(backend: FakeBackend) -> None:
                 if "continue" not in verdict:
                     continue
                 val = key["elem"]["val"]
-                bits = [b for b in range(6) if val in sets[f"shared-{kind}-bit{b}"]]
+                bits = [b for b in range(6)
+                        if val in sets[f"shared-{kind}-{generation}-bit{b}"]]
                 proto = val["concat"][1 if kind == "vips" else 0]
                 target = f"{leaf}{proto}-{generation}-{1 + sum(1 << b for b in bits)}"
                 cmds += [{"delete": {"element": {**table, "name": name, "elem": [val]}}},

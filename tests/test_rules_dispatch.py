@@ -11,7 +11,7 @@ DNATs by (VIP, port, i), i uniform over 0..N-1, in
 port's service-ips element is `continue` (comment tagged
 KUBE-SVC-<h>/KUBE-SVL-<h>), not a goto (a goto element makes the kernel
 re-validate the whole table): the key is an element of the plain set
-`shared-vips` and of `shared-vips-bit<j>` for each bit j of N - 1, and the
+`shared-vips` and of `shared-vips-a-bit<j>` for each bit j of N - 1, and the
 skeleton's rule after the service-ips vmap sends such a destination through
 the root map `shared-vips-root` down the generation's pick tree
 (`pick-vip-<g>...`, one bit per level) to the chooser of N. Tests read
@@ -226,9 +226,10 @@ def test_65_endpoints_keep_the_map_pick_of_their_own_chooser() -> None:
 @pytest.mark.parametrize("generation", GENERATIONS)
 @pytest.mark.parametrize(("n", "bits"), [
     pytest.param(1, set(), id="1"),
-    pytest.param(3, {"shared-vips-bit1"}, id="3"),
-    pytest.param(64, {"shared-vips-bit0", "shared-vips-bit1", "shared-vips-bit2",
-                      "shared-vips-bit3", "shared-vips-bit4", "shared-vips-bit5"}, id="64"),
+    pytest.param(3, {"shared-vips-{g}-bit1"}, id="3"),
+    pytest.param(64, {"shared-vips-{g}-bit0", "shared-vips-{g}-bit1", "shared-vips-{g}-bit2",
+                      "shared-vips-{g}-bit3", "shared-vips-{g}-bit4", "shared-vips-{g}-bit5"},
+                 id="64"),
 ])
 def test_the_service_ips_element_goes_to_the_shared_chooser_of_its_count_and_generation(
     generation: str, n: int, bits: set[str]
@@ -245,8 +246,8 @@ def test_the_service_ips_element_goes_to_the_shared_chooser_of_its_count_and_gen
         Element("service-ips", key, Verdict("goto", f"dispatch-tcp-{generation}-{n}"), comment)]
     hairpin = "hairpin-endpoints" + ("" if generation == "a" else f"-{generation}")
     assert {e.set_name for e in fragment.elements} == {
-        "cluster-ips", "service-ips", "shared-vips", *bits, f"vip-endpoints-tcp-{generation}",
-        hairpin}
+        "cluster-ips", "service-ips", "shared-vips", *(b.format(g=generation) for b in bits),
+        f"vip-endpoints-tcp-{generation}", hairpin}
     assert len(elements_in(fragment, f"vip-endpoints-tcp-{generation}")) == n
 
 
@@ -277,7 +278,7 @@ def test_a_shared_destination_is_a_continue_element_and_plain_elements_spelling_
     expected = [
         Element(table, key, Verdict("continue"), f"ns1/svc1:p80 {identity}"),
         Element(shared, key),
-        *(Element(f"{shared}-bit{b}", key) for b in bits),
+        *(Element(f"{shared}-a-bit{b}", key) for b in bits),
     ]
     assert sorted(mine, key=repr) == sorted(expected, key=repr)
     assert len(mine) == len(expected)
@@ -300,7 +301,7 @@ def test_a_chooser_is_reached_by_continue_in_dispatch_maps_and_by_goto_in_choose
     expected = [
         Element("service-ips", (CIP, "tcp", 80), Verdict("continue"), svc),
         Element("shared-vips", (CIP, "tcp", 80)),
-        Element("shared-vips-bit1", (CIP, "tcp", 80)),
+        Element("shared-vips-a-bit1", (CIP, "tcp", 80)),
         Element("service-ips", eip, Verdict("goto", "external-local-a"), ext),
         Element("external-cluster-choosers-a", eip, Verdict("goto", "dispatch-tcp-a-3"), svc),
         Element("external-local-choosers-a", eip, Verdict("goto", "dispatch-local-tcp-a-2"), svl),
@@ -345,8 +346,8 @@ def test_a_changed_endpoint_count_changes_plain_elements_only(
     vips, node_ports = [(CIP, "tcp", 80), (EIP, "tcp", 80)], [("tcp", 3001)]
 
     def bit_elements(bits: tuple[int, ...]) -> set[Element]:
-        return {*(Element(f"shared-vips-bit{b}", k) for b in bits for k in vips),
-                *(Element(f"shared-nodeports-bit{b}", k) for b in bits for k in node_ports)}
+        return {*(Element(f"shared-vips-a-bit{b}", k) for b in bits for k in vips),
+                *(Element(f"shared-nodeports-a-bit{b}", k) for b in bits for k in node_ports)}
 
     def endpoints(indices: range) -> set[tuple[str, tuple[object, ...]]]:
         return {*(("vip-endpoints-tcp-a", (ip, 80, i)) for i in indices for ip in (CIP, EIP)),
@@ -589,7 +590,7 @@ def _goto_target(statement: Any) -> str:
 
 
 def _taken(
-    rule: Rule, key: dict[str, Any], shared: str, protocol: str, bits: set[int]
+    rule: Rule, key: dict[str, Any], shared: str, protocol: str, bits: set[int], generation: str
 ) -> str | None:
     """Where `rule` sends the packet (None: it does not match it). A tree
     rule is matches (on `meta l4proto`, or on the destination's key in a bit
@@ -605,7 +606,7 @@ def _taken(
             assert match["right"] in PROTOCOLS, statement
             hits.append(match["right"] == protocol)
         elif match["left"] == key:
-            bit = str(match["right"]).removeprefix(f"@{shared}-bit")
+            bit = str(match["right"]).removeprefix(f"@{shared}-{generation}-bit")
             assert bit in {str(b) for b in range(6)}, statement
             hits.append(int(bit) in bits)
         else:
@@ -617,7 +618,7 @@ def _walk(
     skeleton: Fragment, shared: str, key: dict[str, Any], protocol: str, bits: set[int]
 ) -> tuple[str, list[str], str | None]:
     """Where a `protocol` packet to a destination of the `shared` set, in
-    `<shared>-bit<j>` exactly for j in `bits`, goes: the root map's element
+    `<shared>-<g>-bit<j>` exactly for j in `bits`, goes: the root map's element
     for its protocol, then through each pick chain its first rule that
     matches, until a chain that is not a pick chain. Returns that chain,
     the pick chains passed and the comment of the rule that left the tree."""
@@ -625,6 +626,7 @@ def _walk(
     assert (root.key, root.map, root.flags) == (("meta l4proto",), "verdict", ())
     (verdict,) = [v for k, v in root.elements if k == protocol]
     target, chains = _goto_target(verdict), {c.name: c for c in skeleton.chains}
+    generation = target.rpartition("-")[2]  # pick-vip-b: the tree of generation b
     path: list[str] = []
     comment = None
     while target.startswith("pick-"):
@@ -633,7 +635,7 @@ def _walk(
         assert chain.hook is None and chain.rules, target
         path.append(target)
         for rule in chain.rules:
-            taken = _taken(rule, key, shared, protocol, bits)
+            taken = _taken(rule, key, shared, protocol, bits, generation)
             if taken is not None:
                 target, comment = taken, rule.comment
                 break
@@ -717,15 +719,20 @@ def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
                   "hairpin-endpoints", "endpoints-tcp-a-00", "dispatch-nodeport-tcp-a-65",
                   "clusterip-endpoints-tcp-a", "masquerade-vips", "masquerade-nodeports",
                   "pick-vip-d", "pick-vip-a-2", "pick-vip-a-000000", "pick-nodeport-a-111111",
-                  "shared-vips", "shared-vips-bit0", "shared-nodeports-root"):
+                  "shared-vips", "shared-vips-a-bit0", "shared-nodeports-root"):
         assert sk.chain_generation(other) is None, other
         assert not sk.is_pick_chain(other), other
-    # the pick tree's sets and root maps are not per generation: the root
-    # map's elements name the generation's tree
+    # the pick tree's membership sets and root maps are not per generation
+    # (the root map's elements name the generation's tree); its bit sets are,
+    # as the choosers they lead to
     for plain in ("masquerade-vips", "masquerade-nodeports", "clusterip-endpoints-tcp-a",
-                  "shared-vips", "shared-vips-bit5", "shared-vips-root", "shared-nodeports",
-                  "shared-nodeports-bit0", "shared-nodeports-root"):
+                  "shared-vips", "shared-vips-root", "shared-nodeports", "shared-nodeports-root",
+                  "shared-vips-bit0", "shared-vips-d-bit0", "shared-vips-a-bit6"):
         assert sk.generation_of(plain) is None, plain
+    for g in GENERATIONS:
+        for b in range(6):
+            assert sk.generation_of(f"shared-vips-{g}-bit{b}") == g
+            assert sk.generation_of(f"shared-nodeports-{g}-bit{b}") == g
 
 
 # --- at scale ----------------------------------------------------------------------

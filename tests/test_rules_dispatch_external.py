@@ -9,7 +9,7 @@ the kernel re-validate the whole table, but by a `continue` element and
 plain elements the skeleton's pick tree reads; see test_rules_dispatch.py):
 - each external IP / LB VIP: a service-ips element `continue`, comment
   "ns/svc:port KUBE-EXT-<h>", the key in `shared-vips` and in
-  `shared-vips-bit<j>` for each bit j of N - 1, which leads to the same
+  `shared-vips-a-bit<j>` for each bit j of N - 1, which leads to the same
   `dispatch-<proto>-<g>-<N>` as its cluster IP (N = its cluster endpoints);
   N `vip-endpoints-<proto>-<g>` elements keyed (VIP, port, i), and a
   `masquerade-vips` element;
@@ -262,7 +262,7 @@ def test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements() ->
             Element("service-ips", (ip, "tcp", 80), Verdict("continue"),
                     f"ns1/svc1:p80 {identity}"),
             Element("shared-vips", (ip, "tcp", 80)),
-            Element("shared-vips-bit0", (ip, "tcp", 80)),  # 2 endpoints: 2 - 1 = 0b1
+            Element("shared-vips-a-bit0", (ip, "tcp", 80)),  # 2 endpoints: 2 - 1 = 0b1
             Element("vip-endpoints-tcp-a", (ip, 80, 0), *ep1),
             Element("vip-endpoints-tcp-a", (ip, 80, 1), *ep2),
         ]
@@ -276,7 +276,7 @@ def test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements() ->
         Element("masquerade-vips", (LB, "tcp", 80), None, f"ns1/svc1:p80 {ext}"),
         Element("service-nodeports", ("tcp", 3001), Verdict("continue"), f"ns1/svc1:p80 {ext}"),
         Element("shared-nodeports", ("tcp", 3001)),
-        Element("shared-nodeports-bit0", ("tcp", 3001)),
+        Element("shared-nodeports-a-bit0", ("tcp", 3001)),
         Element("nodeport-endpoints-tcp-a", (3001, 0), *ep1),
         Element("nodeport-endpoints-tcp-a", (3001, 1), *ep2),
         Element("masquerade-nodeports", ("tcp", 3001), None, f"ns1/svc1:p80 {ext}"),
@@ -309,11 +309,13 @@ def test_external_elements_follow_the_render_generation(generation: str) -> None
         f"dispatch-nodeport-tcp-{generation}-2"}
     assert len(in_set(fragment, f"vip-endpoints-tcp-{generation}")) == 3 * 2
     assert len(in_set(fragment, f"nodeport-endpoints-tcp-{generation}")) == 2
-    # the masquerade sets and the pick tree's sets are not per generation
+    # the masquerade sets and the pick tree's membership sets are not per
+    # generation, its bit sets are
     assert {e.set_name for e in fragment.elements if e.set_name.startswith("masquerade-")} == {
         "masquerade-vips", "masquerade-nodeports"}
     assert {e.set_name for e in fragment.elements if e.set_name.startswith("shared-")} == {
-        "shared-vips", "shared-vips-bit0", "shared-nodeports", "shared-nodeports-bit0"}
+        "shared-vips", f"shared-vips-{generation}-bit0", "shared-nodeports",
+        f"shared-nodeports-{generation}-bit0"}
 
 
 def _chances(fragment: Fragment, set_name: str, key: tuple[Any, ...]) -> dict[str, Fraction]:

@@ -203,9 +203,9 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
         "cluster-ips": "ipv6_addr",
         "nodeport-ips": "ipv6_addr",
         "service-cidrs": "ipv6_addr",
-        **{f"shared-vips{bit}": "ipv6_addr" for bit in ("", *(f"-bit{b}" for b in range(6)))},
+        **{f"shared-vips{bit}": "ipv6_addr" for bit in ("", *(f"-a-bit{b}" for b in range(6)))},
         **{f"shared-nodeports{bit}": "inet_proto"
-           for bit in ("", *(f"-bit{b}" for b in range(6)))},
+           for bit in ("", *(f"-a-bit{b}" for b in range(6)))},
         "shared-vips-root": "inet_proto",
         "shared-nodeports-root": "inet_proto",
     }

@@ -166,7 +166,10 @@ def _picked_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
     if generation is None:
         return {}
     members = parsed.sets.get(dispatch.shared_set(nodeport=nodeport), {}).get("elem", [])
-    named = (dispatch.count_bit_set(b, nodeport=nodeport) for b in range(dispatch.COUNT_BITS))
+    named = (
+        dispatch.count_bit_set(b, generation, nodeport=nodeport)
+        for b in range(dispatch.COUNT_BITS)
+    )
     bits = [
         {_key_text(elem_parts(e)[0]) for e in parsed.sets.get(name, {}).get("elem", [])}
         for name in named

@@ -175,7 +175,8 @@ def generation_chains(generations: tuple[str, ...]) -> dict[str, str]:
 
 
 def generation_maps(generations: tuple[str, ...]) -> dict[str, str]:
-    """Every map the shared chains pick from -> its generation."""
+    """Every map the shared chains pick from, and every count bit set of
+    the pick trees -> its generation."""
     endpoints = {
         name(p, g, local=local): g
         for name in (vip_endpoints_map, nodeport_endpoints_map)
@@ -189,7 +190,13 @@ def generation_maps(generations: tuple[str, ...]) -> dict[str, str]:
         for local in _BOTH
         for g in generations
     }
-    return {**endpoints, **choosers}
+    bits = {
+        count_bit_set(b, g, nodeport=nodeport): g
+        for nodeport in _BOTH
+        for b in range(COUNT_BITS)
+        for g in generations
+    }
+    return {**endpoints, **choosers, **bits}
 
 
 PROTO_PORT = ("meta l4proto", "th dport")
@@ -290,7 +297,10 @@ def external_local_chains(
 # element of those maps (~9,500 at 10k x 10: most of adding a service). Now
 # the element is `continue` (same key, same comment), the destination is an
 # element of the plain set `shared-vips` / `shared-nodeports`, and its count
-# N is spelled by its membership in `<set>-bit0`..`-bit5` (the bits of N - 1).
+# N is spelled by its membership in `<set>-<g>-bit0`..`-bit5` (the bits of
+# N - 1; per generation, so a resync in steps writes them chunk by chunk with
+# the chooser elements they index, and its final step carries only the
+# membership).
 # A plain element is never validated, so adding, changing or deleting such a
 # destination is elements only. After the map, one skeleton rule sends a
 # member through the root map (`meta l4proto` -> goto the generation's tree
@@ -299,11 +309,11 @@ def external_local_chains(
 # set lookup per level, to dispatch-<proto>-<g>-N:
 #
 #   KUBE-SERVICES:  ip daddr . l4proto . dport @shared-vips  meta l4proto vmap @shared-vips-root
-#   pick-vip-a:     ip daddr . l4proto . dport @shared-vips-bit5 goto pick-vip-a-1
+#   pick-vip-a:     ip daddr . l4proto . dport @shared-vips-a-bit5 goto pick-vip-a-1
 #                   goto pick-vip-a-0
 #   ...
 #   pick-vip-a-01001 (bits 5..1 decided):
-#                   meta l4proto tcp ... @shared-vips-bit0 goto dispatch-tcp-a-20
+#                   meta l4proto tcp ... @shared-vips-a-bit0 goto dispatch-tcp-a-20
 #                   meta l4proto tcp goto dispatch-tcp-a-19   (and udp, sctp)
 
 
@@ -312,9 +322,10 @@ def shared_set(*, nodeport: bool) -> str:
     return "shared-nodeports" if nodeport else "shared-vips"
 
 
-def count_bit_set(bit: int, *, nodeport: bool) -> str:
-    """shared-vips-bit3: the destinations whose count - 1 has bit 3 set."""
-    return f"{shared_set(nodeport=nodeport)}-bit{bit}"
+def count_bit_set(bit: int, generation: str, *, nodeport: bool) -> str:
+    """shared-vips-a-bit3: the destinations whose count - 1 has bit 3 set
+    (the generation's, as the choosers the tree leads to)."""
+    return f"{shared_set(nodeport=nodeport)}-{generation}-bit{bit}"
 
 
 def root_map(*, nodeport: bool) -> str:
@@ -338,13 +349,16 @@ def count_of(bits: tuple[int, ...] | list[int]) -> int:
     return 1 + sum(1 << b for b in bits)
 
 
-def selector_elements(key: Key, count: int, *, nodeport: bool) -> list[Element]:
+def selector_elements(key: Key, count: int, generation: str, *, nodeport: bool) -> list[Element]:
     """A destination's elements of the pick tree's sets: its membership and
-    the bits of its count (no comments: the dispatch map's `continue`
-    element carries the port's name)."""
+    the bits of its count in the generation's bit sets (no comments: the
+    dispatch map's `continue` element carries the port's name)."""
     return [
         Element(shared_set(nodeport=nodeport), key),
-        *(Element(count_bit_set(b, nodeport=nodeport), key) for b in count_bits(count)),
+        *(
+            Element(count_bit_set(b, generation, nodeport=nodeport), key)
+            for b in count_bits(count)
+        ),
     ]
 
 
@@ -375,7 +389,9 @@ def selector_sets(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
         )
         out += [
             SetDecl.keyed(
-                count_bit_set(b, nodeport=nodeport), key, comment=f"{what}s: endpoints - 1, bit {b}"
+                count_bit_set(b, generation, nodeport=nodeport),
+                key,
+                comment=f"{what}s: endpoints - 1, bit {b}",
             )
             for b in range(COUNT_BITS)
         ]
@@ -407,7 +423,7 @@ def pick_chains(family: IPFamily, generation: str) -> tuple[Chain, ...]:
         leaf = nodeport_dispatch_chain if nodeport else dispatch_chain
         for prefix in _prefixes():
             bit = COUNT_BITS - 1 - len(prefix)
-            member = expr.match(key, "@" + count_bit_set(bit, nodeport=nodeport))
+            member = expr.match(key, "@" + count_bit_set(bit, generation, nodeport=nodeport))
             if bit:
                 down = pick_chain(generation, prefix + "1", nodeport=nodeport)
                 rules = [
@@ -433,16 +449,9 @@ def pick_chains(family: IPFamily, generation: str) -> tuple[Chain, ...]:
 
 
 def selector_set_names() -> frozenset[str]:
-    """The pick trees' sets and root maps (none of them per generation)."""
-    return frozenset(
-        name
-        for nodeport in _BOTH
-        for name in (
-            shared_set(nodeport=nodeport),
-            root_map(nodeport=nodeport),
-            *(count_bit_set(b, nodeport=nodeport) for b in range(COUNT_BITS)),
-        )
-    )
+    """The pick trees' membership sets and root maps (not per generation)."""
+    return frozenset(n for nodeport in _BOTH for n in (shared_set(nodeport=nodeport),
+                                                       root_map(nodeport=nodeport)))
 
 
 def pick_chain_names(generation: str) -> list[str]:

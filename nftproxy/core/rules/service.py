@@ -256,12 +256,14 @@ def _shared_vip(
     key = _key(vip, port, port.port)
     map_name = dispatch.vip_endpoints_map(port.protocol, g, local=local)
     return [
-        *_to_chooser(table, key, chooser, comment, len(endpoints)),
+        *_to_chooser(table, key, chooser, comment, len(endpoints), g),
         *_picked(p, map_name, (vip, port.port), endpoints),
     ]
 
 
-def _to_chooser(table: str, key: Key, chooser: str, comment: str, count: int) -> list[Element]:
+def _to_chooser(
+    table: str, key: Key, chooser: str, comment: str, count: int, generation: str
+) -> list[Element]:
     """A destination's way to its shared chooser: in `service-ips` /
     `service-nodeports` a `continue` element and the pick tree's elements
     (rules/dispatch.py: plain elements, which a commit adds without the
@@ -270,7 +272,7 @@ def _to_chooser(table: str, key: Key, chooser: str, comment: str, count: int) ->
         nodeport = table == sk.SERVICE_NODEPORTS
         return [
             Element(table, key, CONTINUE, comment),
-            *dispatch.selector_elements(key, count, nodeport=nodeport),
+            *dispatch.selector_elements(key, count, generation, nodeport=nodeport),
         ]
     return [Element(table, key, Verdict("goto", chooser), comment)]
 
@@ -326,7 +328,7 @@ def _shared_nodeport(
     key = (port.protocol.nft, port.node_port)
     map_name = dispatch.nodeport_endpoints_map(port.protocol, g, local=local)
     return [
-        *_to_chooser(table, key, chooser, comment, len(endpoints)),
+        *_to_chooser(table, key, chooser, comment, len(endpoints), g),
         *_picked(p, map_name, (port.node_port,), endpoints),
     ]
 
