@@ -299,10 +299,11 @@ def _verdict_label(v: Verdict | Target | None, lab: Mapping[str, str]) -> str | 
 _SELECTOR_SETS = frozenset(
     name
     for nodeport in (False, True)
+    for g in sk.GENERATIONS
     for name in (
-        shared_dispatch.shared_set(nodeport=nodeport),
+        shared_dispatch.shared_set(g, nodeport=nodeport),
         *(shared_dispatch.count_bit_set(b, g, nodeport=nodeport)
-          for b in range(shared_dispatch.COUNT_BITS) for g in sk.GENERATIONS),
+          for b in range(shared_dispatch.COUNT_BITS)),
     )
 )
 
@@ -335,7 +336,7 @@ def resolved(fragment: Fragment) -> list[Element]:
         if isinstance(e.value, Verdict) and e.value.kind == "continue":
             nodeport = e.set_name == sk.SERVICE_NODEPORTS
             member = sets_of.get(e.key, set())
-            assert shared_dispatch.shared_set(nodeport=nodeport) in member, e
+            assert shared_dispatch.shared_set(generation, nodeport=nodeport) in member, e
             bits = [b for b in range(shared_dispatch.COUNT_BITS)
                     if shared_dispatch.count_bit_set(b, generation, nodeport=nodeport)
                     in member]

@@ -152,8 +152,7 @@ def in_generation(listed: str, generation: str) -> str:
     renamed = re.sub(external, rf"\g<1>{generation}", renamed)
     # the pick trees (ruleset v10)
     renamed = re.sub(r"\b(pick-(?:vip|nodeport)-)[a-z]\b", rf"\g<1>{generation}", renamed)
-    renamed = re.sub(r"\b(shared-(?:vips|nodeports)-)[a-z](-bit)", rf"\g<1>{generation}\g<2>",
-                     renamed)
+    renamed = re.sub(r"\b(shared-(?:vips|nodeports)-)[a-z]\b", rf"\g<1>{generation}", renamed)
     return json.dumps(_hairpin_in(json.loads(renamed), generation), sort_keys=True)
 
 
@@ -329,8 +328,8 @@ def _picked(sets: Mapping[str, list[Any]], key: list[Any]) -> str:
     service-ips to (ruleset v10): the generation of the root map's tree,
     the count from the bit sets the destination is in."""
     (_, root), *_ = sets["shared-vips-root"]
-    generation = root["goto"]["target"].removeprefix("pick-vip-")
-    assert {"concat": key} in sets["shared-vips"], key
+    generation = root["jump"]["target"].removeprefix("pick-vip-")
+    assert {"concat": key} in sets[f"shared-vips-{generation}"], key
     bits = [b for b in range(6)
             if {"concat": key} in sets[f"shared-vips-{generation}-bit{b}"]]
     return f"dispatch-{key[1]}-{generation}-{1 + sum(1 << b for b in bits)}"

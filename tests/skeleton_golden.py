@@ -148,6 +148,10 @@ def pick_tree(key: Any, kind: str) -> dict[str, list[tuple[list[Any], str | None
             if depth < 5:
                 out[name] = [([bit, goto(f"pick-{kind}-a-{prefix}1")], None),
                              ([goto(f"pick-{kind}-a-{prefix}0")], None)]
+                if not prefix:  # the root returns what is not a member
+                    outside = {"match": {"op": "!=", "left": key, "right": f"@{sets}-a"}}
+                    out[name].insert(0, ([outside, {"return": None}],
+                                         "not a destination of the shared choosers"))
                 continue
             high = int(prefix + "1", 2) + 1
             proto_rules: list[tuple[list[Any], str | None]] = []
@@ -219,8 +223,7 @@ GOLDEN_V4: dict[str, Rules] = {
           jump("KUBE-MARK-MASQ")], "external destinations of services with shared choosers"),
         ([vmap(addr_proto_port("ip"), "service-ips")],
          "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
-        ([{"match": {"op": "==", "left": addr_proto_port("ip"), "right": "@shared-vips"}},
-          vmap(L4PROTO, "shared-vips-root")], "VIPs of shared choosers: by endpoint count"),
+        ([vmap(L4PROTO, "shared-vips-root")], "VIPs of shared choosers: by endpoint count"),
         ([FIB_DADDR_LOCAL, NOT_LOOPBACK_V4, goto("KUBE-NODEPORTS")],
          "NodePort traffic (must be last)"),
     ],
@@ -228,8 +231,7 @@ GOLDEN_V4: dict[str, Rules] = {
         ([{"match": {"op": "==", "left": PROTO_PORT, "right": "@masquerade-nodeports"}},
           jump("KUBE-MARK-MASQ")], "node ports of services with shared choosers"),
         ([vmap(PROTO_PORT, "service-nodeports")], None),
-        ([{"match": {"op": "==", "left": PROTO_PORT, "right": "@shared-nodeports"}},
-          vmap(L4PROTO, "shared-nodeports-root")],
+        ([vmap(L4PROTO, "shared-nodeports-root")],
          "node ports of shared choosers: by endpoint count"),
     ],
     "KUBE-FIREWALL-CHECK": [
@@ -334,7 +336,7 @@ GOLDEN_SETS_V4 = [
         entry
         for where, key, text in (("vips", THREE, "VIP"), ("nodeports", TWO, "node port"))
         for entry in (
-            _set("set", f"shared-{where}", key, f"{text}s of the shared choosers"),
+            _set("set", f"shared-{where}-a", key, f"{text}s of the shared choosers"),
             *(_set("set", f"shared-{where}-a-bit{b}", key, f"{text}s: endpoints - 1, bit {b}")
               for b in range(6)),
             _set("map", f"shared-{where}-root", "inet_proto",

@@ -246,7 +246,8 @@ def test_the_service_ips_element_goes_to_the_shared_chooser_of_its_count_and_gen
         Element("service-ips", key, Verdict("goto", f"dispatch-tcp-{generation}-{n}"), comment)]
     hairpin = "hairpin-endpoints" + ("" if generation == "a" else f"-{generation}")
     assert {e.set_name for e in fragment.elements} == {
-        "cluster-ips", "service-ips", "shared-vips", *(b.format(g=generation) for b in bits),
+        "cluster-ips", "service-ips", f"shared-vips-{generation}",
+        *(b.format(g=generation) for b in bits),
         f"vip-endpoints-tcp-{generation}", hairpin}
     assert len(elements_in(fragment, f"vip-endpoints-tcp-{generation}")) == n
 
@@ -277,7 +278,7 @@ def test_a_shared_destination_is_a_continue_element_and_plain_elements_spelling_
     mine = [e for e in fragment.elements if e.set_name == table or e.set_name.startswith(shared)]
     expected = [
         Element(table, key, Verdict("continue"), f"ns1/svc1:p80 {identity}"),
-        Element(shared, key),
+        Element(f"{shared}-a", key),
         *(Element(f"{shared}-a-bit{b}", key) for b in bits),
     ]
     assert sorted(mine, key=repr) == sorted(expected, key=repr)
@@ -300,7 +301,7 @@ def test_a_chooser_is_reached_by_continue_in_dispatch_maps_and_by_goto_in_choose
             if e.set_name.startswith(("service-", "shared-")) or "-choosers-" in e.set_name]
     expected = [
         Element("service-ips", (CIP, "tcp", 80), Verdict("continue"), svc),
-        Element("shared-vips", (CIP, "tcp", 80)),
+        Element("shared-vips-a", (CIP, "tcp", 80)),
         Element("shared-vips-a-bit1", (CIP, "tcp", 80)),
         Element("service-ips", eip, Verdict("goto", "external-local-a"), ext),
         Element("external-cluster-choosers-a", eip, Verdict("goto", "dispatch-tcp-a-3"), svc),
@@ -580,11 +581,11 @@ def _tree_key(ip: str, *, nodeport: bool) -> dict[str, Any]:
     return {"concat": [*daddr, L4PROTO, dport]}
 
 
-def _goto_target(statement: Any) -> str:
+def _goto_target(statement: Any, verb: str = "goto") -> str:
     """A `goto <chain>` statement's chain (fails on any other statement)."""
-    assert isinstance(statement, dict) and list(statement) == ["goto"], statement
-    assert list(statement["goto"]) == ["target"], statement
-    target = statement["goto"]["target"]
+    assert isinstance(statement, dict) and list(statement) == [verb], statement
+    assert list(statement[verb]) == ["target"], statement
+    target = statement[verb]["target"]
     assert isinstance(target, str) and target, statement
     return target
 
@@ -594,8 +595,14 @@ def _taken(
 ) -> str | None:
     """Where `rule` sends the packet (None: it does not match it). A tree
     rule is matches (on `meta l4proto`, or on the destination's key in a bit
-    set of `shared`), then a goto; anything else fails the walk."""
+    set of `shared`), then a goto; or the root's return of what is not in
+    the generation's `shared` set (the walked destination is); anything
+    else fails the walk."""
     *matches, last = rule.expr
+    if last == {"return": None}:
+        assert matches == [{"match": {"op": "!=", "left": key,
+                                      "right": f"@{shared}-{generation}"}}], rule
+        return None
     target = _goto_target(last)
     hits = []
     for statement in matches:
@@ -625,7 +632,7 @@ def _walk(
     root = {d.name: d for d in skeleton.sets}[f"{shared}-root"]
     assert (root.key, root.map, root.flags) == (("meta l4proto",), "verdict", ())
     (verdict,) = [v for k, v in root.elements if k == protocol]
-    target, chains = _goto_target(verdict), {c.name: c for c in skeleton.chains}
+    target, chains = _goto_target(verdict, "jump"), {c.name: c for c in skeleton.chains}
     generation = target.rpartition("-")[2]  # pick-vip-b: the tree of generation b
     path: list[str] = []
     comment = None
@@ -672,7 +679,7 @@ def test_every_count_walks_the_pick_tree_to_its_chooser(
     rules = [text(r) for r in chain_of(skeleton, lookup).rules]
     dispatch_map = "service-nodeports" if nodeport else "service-ips"
     at = rules.index(f"{entry} vmap @{dispatch_map}")
-    assert rules[at + 1] == f"{entry} @{shared} meta l4proto vmap @{shared}-root"
+    assert rules[at + 1] == f"meta l4proto vmap @{shared}-root"
     key, passed = _tree_key(ip, nodeport=nodeport), set[str]()
     for n in range(1, 65):
         bits = set(shared_dispatch.count_bits(n))
@@ -722,14 +729,16 @@ def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
                   "shared-vips", "shared-vips-a-bit0", "shared-nodeports-root"):
         assert sk.chain_generation(other) is None, other
         assert not sk.is_pick_chain(other), other
-    # the pick tree's membership sets and root maps are not per generation
-    # (the root map's elements name the generation's tree); its bit sets are,
-    # as the choosers they lead to
+    # the pick tree's root maps are not per generation (their elements name
+    # the generation's tree); its membership and bit sets are, as the
+    # choosers they lead to
     for plain in ("masquerade-vips", "masquerade-nodeports", "clusterip-endpoints-tcp-a",
                   "shared-vips", "shared-vips-root", "shared-nodeports", "shared-nodeports-root",
-                  "shared-vips-bit0", "shared-vips-d-bit0", "shared-vips-a-bit6"):
+                  "shared-vips-d", "shared-vips-bit0", "shared-vips-d-bit0", "shared-vips-a-bit6"):
         assert sk.generation_of(plain) is None, plain
     for g in GENERATIONS:
+        assert sk.generation_of(f"shared-vips-{g}") == g
+        assert sk.generation_of(f"shared-nodeports-{g}") == g
         for b in range(6):
             assert sk.generation_of(f"shared-vips-{g}-bit{b}") == g
             assert sk.generation_of(f"shared-nodeports-{g}-bit{b}") == g

@@ -261,7 +261,7 @@ def test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements() ->
         return [
             Element("service-ips", (ip, "tcp", 80), Verdict("continue"),
                     f"ns1/svc1:p80 {identity}"),
-            Element("shared-vips", (ip, "tcp", 80)),
+            Element("shared-vips-a", (ip, "tcp", 80)),
             Element("shared-vips-a-bit0", (ip, "tcp", 80)),  # 2 endpoints: 2 - 1 = 0b1
             Element("vip-endpoints-tcp-a", (ip, 80, 0), *ep1),
             Element("vip-endpoints-tcp-a", (ip, 80, 1), *ep2),
@@ -275,7 +275,7 @@ def test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements() ->
         *vip(LB, ext),
         Element("masquerade-vips", (LB, "tcp", 80), None, f"ns1/svc1:p80 {ext}"),
         Element("service-nodeports", ("tcp", 3001), Verdict("continue"), f"ns1/svc1:p80 {ext}"),
-        Element("shared-nodeports", ("tcp", 3001)),
+        Element("shared-nodeports-a", ("tcp", 3001)),
         Element("shared-nodeports-a-bit0", ("tcp", 3001)),
         Element("nodeport-endpoints-tcp-a", (3001, 0), *ep1),
         Element("nodeport-endpoints-tcp-a", (3001, 1), *ep2),
@@ -314,8 +314,8 @@ def test_external_elements_follow_the_render_generation(generation: str) -> None
     assert {e.set_name for e in fragment.elements if e.set_name.startswith("masquerade-")} == {
         "masquerade-vips", "masquerade-nodeports"}
     assert {e.set_name for e in fragment.elements if e.set_name.startswith("shared-")} == {
-        "shared-vips", f"shared-vips-{generation}-bit0", "shared-nodeports",
-        f"shared-nodeports-{generation}-bit0"}
+        f"shared-vips-{generation}", f"shared-vips-{generation}-bit0",
+        f"shared-nodeports-{generation}", f"shared-nodeports-{generation}-bit0"}
 
 
 def _chances(fragment: Fragment, set_name: str, key: tuple[Any, ...]) -> dict[str, Fraction]:
@@ -442,12 +442,12 @@ def test_external_destinations_are_marked_before_the_verdict_maps(
     assert services[:3] == [
         f"{ip} daddr . meta l4proto . th dport @masquerade-vips {MASQ}",
         f"{ip} daddr . meta l4proto . th dport vmap @service-ips",
-        f"{ip} daddr . meta l4proto . th dport @shared-vips meta l4proto vmap @shared-vips-root",
+        "meta l4proto vmap @shared-vips-root",
     ]
     assert nodeports == [
         f"meta l4proto . th dport @masquerade-nodeports {MASQ}",
         "meta l4proto . th dport vmap @service-nodeports",
-        "meta l4proto . th dport @shared-nodeports meta l4proto vmap @shared-nodeports-root",
+        "meta l4proto vmap @shared-nodeports-root",
     ]
     decls = {s.name: s for s in skeleton.sets}
     assert decls["masquerade-vips"].key == (f"{ip} daddr", "meta l4proto", "th dport")

@@ -54,6 +54,7 @@ from skeleton_golden import (
     goto,
     hairpin_rules,
     in_set,
+    jump,
     mark_and,
     mark_or,
     saddr,
@@ -148,7 +149,7 @@ def test_ipv4_maps_and_sets_are_golden() -> None:
     ]
     # the root maps' elements: each protocol to generation a's pick tree (ruleset v10)
     assert {s.name: s.elements for s in fragment.sets if s.elements} == {
-        f"shared-{kind}s-root": tuple([p, goto(f"pick-{kind}-a")] for p in PROTOCOLS)
+        f"shared-{kind}s-root": tuple([p, jump(f"pick-{kind}-a")] for p in PROTOCOLS)
         for kind in ("vip", "nodeport")
     }
     assert [s.name for s in fragment.sets if s.dynamic] == ["affinity:affinity"]
@@ -203,9 +204,9 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
         "cluster-ips": "ipv6_addr",
         "nodeport-ips": "ipv6_addr",
         "service-cidrs": "ipv6_addr",
-        **{f"shared-vips{bit}": "ipv6_addr" for bit in ("", *(f"-a-bit{b}" for b in range(6)))},
-        **{f"shared-nodeports{bit}": "inet_proto"
-           for bit in ("", *(f"-a-bit{b}" for b in range(6)))},
+        **{f"shared-vips-a{bit}": "ipv6_addr" for bit in ("", *(f"-bit{b}" for b in range(6)))},
+        **{f"shared-nodeports-a{bit}": "inet_proto"
+           for bit in ("", *(f"-bit{b}" for b in range(6)))},
         "shared-vips-root": "inet_proto",
         "shared-nodeports-root": "inet_proto",
     }

@@ -61,7 +61,7 @@ def test_cluster_ip_from_the_files_without_root(capsys: pytest.CaptureFixture[st
     assert "  steps (shared by every path):" in lines
     assert any("@service-ips: 10.96.0.10 . tcp . 80 : continue" in line
                and line.endswith("(demo/web:http KUBE-SVC-XRY76EGRC3BSCIIJ)") for line in lines)
-    assert any("@shared-vips-root: tcp : goto pick-vip-a" in line for line in lines)
+    assert any("@shared-vips-root: tcp : jump pick-vip-a" in line for line in lines)
     assert any(line.split()[1:3] == ["pick-vip-a-00000", "#1"]
                and "@shared-vips-a-bit0 goto dispatch-tcp-a-2" in line for line in lines)
     assert any(line.startswith("  path 2 (50.00%, 10.244.1.13:8080):") for line in lines)

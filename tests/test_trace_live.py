@@ -147,7 +147,7 @@ def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(node
                "@service-ips: 10.96.0.53 . udp . 53 : continue" in line and
                line.endswith("(demo/dns:dns KUBE-SVC-IXHL676EY46F5RLS)") for line in lines), out
     assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#3"] and
-               "=> goto pick-vip-a" in line for line in lines), out
+               "=> jump pick-vip-a" in line for line in lines), out
     assert any(line.split()[1].startswith("pick-vip-a-") and
                "=> goto dispatch-udp-a-3" in line for line in lines), out
     assert any("dnat to 10.244." in line and "=> accept" in line for line in lines), out

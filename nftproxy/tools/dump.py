@@ -165,7 +165,8 @@ def _picked_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
     )
     if generation is None:
         return {}
-    members = parsed.sets.get(dispatch.shared_set(nodeport=nodeport), {}).get("elem", [])
+    members = parsed.sets.get(dispatch.shared_set(generation, nodeport=nodeport), {})
+    members = members.get("elem", [])
     named = (
         dispatch.count_bit_set(b, generation, nodeport=nodeport)
         for b in range(dispatch.COUNT_BITS)

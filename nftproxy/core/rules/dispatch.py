@@ -175,8 +175,8 @@ def generation_chains(generations: tuple[str, ...]) -> dict[str, str]:
 
 
 def generation_maps(generations: tuple[str, ...]) -> dict[str, str]:
-    """Every map the shared chains pick from, and every count bit set of
-    the pick trees -> its generation."""
+    """Every map the shared chains pick from, and the pick trees'
+    membership and count bit sets -> its generation."""
     endpoints = {
         name(p, g, local=local): g
         for name in (vip_endpoints_map, nodeport_endpoints_map)
@@ -190,13 +190,16 @@ def generation_maps(generations: tuple[str, ...]) -> dict[str, str]:
         for local in _BOTH
         for g in generations
     }
-    bits = {
-        count_bit_set(b, g, nodeport=nodeport): g
+    picks = {
+        name: g
         for nodeport in _BOTH
-        for b in range(COUNT_BITS)
         for g in generations
+        for name in (
+            shared_set(g, nodeport=nodeport),
+            *(count_bit_set(b, g, nodeport=nodeport) for b in range(COUNT_BITS)),
+        )
     }
-    return {**endpoints, **choosers, **bits}
+    return {**endpoints, **choosers, **picks}
 
 
 PROTO_PORT = ("meta l4proto", "th dport")
@@ -296,20 +299,21 @@ def external_local_chains(
 # kernel re-validate the table's whole chain graph, walking every goto
 # element of those maps (~9,500 at 10k x 10: most of adding a service). Now
 # the element is `continue` (same key, same comment), the destination is an
-# element of the plain set `shared-vips` / `shared-nodeports`, and its count
-# N is spelled by its membership in `<set>-<g>-bit0`..`-bit5` (the bits of
-# N - 1; per generation, so a resync in steps writes them chunk by chunk with
-# the chooser elements they index, and its final step carries only the
-# membership).
-# A plain element is never validated, so adding, changing or deleting such a
-# destination is elements only. After the map, one skeleton rule sends a
-# member through the root map (`meta l4proto` -> goto the generation's tree
-# root: the generation switches with the root's elements, as the dispatch
-# maps switch at a resync's final step) down a binary tree of 63 chains, one
-# set lookup per level, to dispatch-<proto>-<g>-N:
+# element of the plain set `shared-vips-<g>` / `shared-nodeports-<g>`, and its
+# count N is spelled by its membership in `<set>-bit0`..`-bit5` (the bits of
+# N - 1). All of them come in the table's generation, as the choosers and
+# endpoints maps they lead to, so a resync in steps writes them chunk by
+# chunk and its final step carries none of them. A plain element is never
+# validated, so adding, changing or deleting such a destination is elements
+# only. After the map, one skeleton rule jumps through the root map (`meta
+# l4proto` -> the generation's tree root: the generation switches with the
+# root's elements, as the dispatch maps switch at a resync's final step);
+# the root returns what is not a member, and a member goes down a binary
+# tree of 63 chains, one set lookup per level, to dispatch-<proto>-<g>-N:
 #
-#   KUBE-SERVICES:  ip daddr . l4proto . dport @shared-vips  meta l4proto vmap @shared-vips-root
-#   pick-vip-a:     ip daddr . l4proto . dport @shared-vips-a-bit5 goto pick-vip-a-1
+#   KUBE-SERVICES:  meta l4proto vmap @shared-vips-root        (tcp : jump pick-vip-a)
+#   pick-vip-a:     ip daddr . l4proto . dport != @shared-vips-a return
+#                   ip daddr . l4proto . dport @shared-vips-a-bit5 goto pick-vip-a-1
 #                   goto pick-vip-a-0
 #   ...
 #   pick-vip-a-01001 (bits 5..1 decided):
@@ -317,20 +321,25 @@ def external_local_chains(
 #                   meta l4proto tcp goto dispatch-tcp-a-19   (and udp, sctp)
 
 
-def shared_set(*, nodeport: bool) -> str:
-    """shared-vips / shared-nodeports: the destinations that go through the pick tree."""
+def _shared(nodeport: bool) -> str:
     return "shared-nodeports" if nodeport else "shared-vips"
+
+
+def shared_set(generation: str, *, nodeport: bool) -> str:
+    """shared-vips-a / shared-nodeports-a: the destinations that go through
+    the generation's pick tree."""
+    return f"{_shared(nodeport)}-{generation}"
 
 
 def count_bit_set(bit: int, generation: str, *, nodeport: bool) -> str:
     """shared-vips-a-bit3: the destinations whose count - 1 has bit 3 set
     (the generation's, as the choosers the tree leads to)."""
-    return f"{shared_set(nodeport=nodeport)}-{generation}-bit{bit}"
+    return f"{shared_set(generation, nodeport=nodeport)}-bit{bit}"
 
 
 def root_map(*, nodeport: bool) -> str:
-    """shared-vips-root: meta l4proto -> goto the generation's pick tree."""
-    return f"{shared_set(nodeport=nodeport)}-root"
+    """shared-vips-root: meta l4proto -> jump to the generation's pick tree."""
+    return f"{_shared(nodeport)}-root"
 
 
 def pick_chain(generation: str, prefix: str = "", *, nodeport: bool) -> str:
@@ -354,7 +363,7 @@ def selector_elements(key: Key, count: int, generation: str, *, nodeport: bool) 
     the bits of its count in the generation's bit sets (no comments: the
     dispatch map's `continue` element carries the port's name)."""
     return [
-        Element(shared_set(nodeport=nodeport), key),
+        Element(shared_set(generation, nodeport=nodeport), key),
         *(
             Element(count_bit_set(b, generation, nodeport=nodeport), key)
             for b in count_bits(count)
@@ -366,25 +375,26 @@ def _tree_key(family: IPFamily, nodeport: bool) -> Json:
     return expr.concat_proto_dport() if nodeport else expr.concat_daddr_proto_dport(family)
 
 
-def selector_rule(family: IPFamily, *, nodeport: bool) -> Rule:
-    """The rule after the dispatch map: a destination of the pick tree
-    enters the generation's tree through the root map."""
-    member = expr.match(_tree_key(family, nodeport), "@" + shared_set(nodeport=nodeport))
+def selector_rule(*, nodeport: bool) -> Rule:
+    """The rule after the dispatch map: jump to the generation's pick tree
+    (the root map's element), whose root returns what is not a member."""
     root = expr.vmap({"meta": {"key": "l4proto"}}, root_map(nodeport=nodeport))
     what = "node ports" if nodeport else "VIPs"
-    return Rule((member, root), f"{what} of shared choosers: by endpoint count")
+    return Rule((root,), f"{what} of shared choosers: by endpoint count")
 
 
 def selector_sets(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
-    """Per kind: the membership set, the count bits and the root map (its
-    elements name the generation's tree root)."""
+    """Per kind: the generation's membership set and count bits, and the
+    root map (its elements name the generation's tree root)."""
     out: list[SetDecl] = []
     for nodeport in _BOTH:
         key = PROTO_PORT if nodeport else (f"{family.nft_family} daddr", *PROTO_PORT)
         what = "node port" if nodeport else "VIP"
         out.append(
             SetDecl.keyed(
-                shared_set(nodeport=nodeport), key, comment=f"{what}s of the shared choosers"
+                shared_set(generation, nodeport=nodeport),
+                key,
+                comment=f"{what}s of the shared choosers",
             )
         )
         out += [
@@ -395,7 +405,7 @@ def selector_sets(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
             )
             for b in range(COUNT_BITS)
         ]
-        root = {"goto": {"target": pick_chain(generation, nodeport=nodeport)}}
+        root = {"jump": {"target": pick_chain(generation, nodeport=nodeport)}}
         out.append(
             SetDecl.keyed(
                 root_map(nodeport=nodeport),
@@ -406,6 +416,13 @@ def selector_sets(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
             )
         )
     return tuple(out)
+
+
+def _not_member(key: Json, generation: str, nodeport: bool) -> Rule:
+    """The tree root's first rule: what is not a destination of the
+    generation's shared choosers goes back to KUBE-SERVICES / KUBE-NODEPORTS."""
+    outside = expr.match(key, "@" + shared_set(generation, nodeport=nodeport), "!=")
+    return Rule((outside, expr.ret()), "not a destination of the shared choosers")
 
 
 def _prefixes() -> list[str]:
@@ -426,7 +443,8 @@ def pick_chains(family: IPFamily, generation: str) -> tuple[Chain, ...]:
             member = expr.match(key, "@" + count_bit_set(bit, generation, nodeport=nodeport))
             if bit:
                 down = pick_chain(generation, prefix + "1", nodeport=nodeport)
-                rules = [
+                rules = [] if prefix else [_not_member(key, generation, nodeport)]
+                rules += [
                     Rule((member, expr.goto(down))),
                     Rule((expr.goto(pick_chain(generation, prefix + "0", nodeport=nodeport)),)),
                 ]
@@ -449,9 +467,8 @@ def pick_chains(family: IPFamily, generation: str) -> tuple[Chain, ...]:
 
 
 def selector_set_names() -> frozenset[str]:
-    """The pick trees' membership sets and root maps (not per generation)."""
-    return frozenset(n for nodeport in _BOTH for n in (shared_set(nodeport=nodeport),
-                                                       root_map(nodeport=nodeport)))
+    """The pick trees' root maps (the only part not per generation)."""
+    return frozenset(root_map(nodeport=nodeport) for nodeport in _BOTH)
 
 
 def pick_chain_names(generation: str) -> list[str]:

@@ -8,7 +8,7 @@ Packet path of a new connection (docs/upstream-nftables-notes.md §1.6):
   filter prerouting/output -110  KUBE-FIREWALL-CHECK: loadBalancerSourceRanges, pre-DNAT
                                  (firewall-vips / firewall-allow sets)
   nat prerouting/output -100     KUBE-SERVICES: service-ips vmap, the shared choosers' pick
-                                 tree (shared-vips), then KUBE-NODEPORTS
+                                 tree (shared-vips-root), then KUBE-NODEPORTS
   nat prerouting/output -99      the affinity table's KUBE-SERVICES (ports with ClientIP
                                  affinity, which the main table's maps `accept`)
   filter input/forward/output 0  KUBE-EXTERNAL-SERVICES: no-endpoint reject/drop (post-DNAT)
@@ -243,7 +243,7 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                     expr.vmap(daddr_key, SERVICE_IPS),
                     comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
                 ),
-                dispatch.selector_rule(family, nodeport=False),
+                dispatch.selector_rule(nodeport=False),
                 _rule(
                     *nodeport_dst, expr.goto(NODEPORTS), comment="NodePort traffic (must be last)"
                 ),
@@ -258,7 +258,7 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                     comment="node ports of services with shared choosers",
                 ),
                 _rule(expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS)),
-                dispatch.selector_rule(family, nodeport=True),
+                dispatch.selector_rule(nodeport=True),
             ),
         ),
         Chain(FIREWALL_CHECK, (_source_range_rule(family),)),
