@@ -10,7 +10,10 @@ product's table (10,000 x 10 by default) in a throwaway namespace, then
 times, R times each, transactions that add and remove again:
 
 - `plain_elem`: one element of `hairpin-endpoints` (a plain set);
-- `goto_elem`:  one `service-ips` element -> an existing KUBE-SVC chain;
+- `goto_elem`:  one `service-ips` element -> a chain of the main table
+                (KUBE-PROBE-SVC, 11 dnat rules, made for the probe: since
+                ruleset v9 the ports with chains of their own are in the
+                affinity table);
 - `chain_rule`: one new chain with one dnat rule (and its deletion);
 - `chain_map_rule`: one new chain with the chooser's rule (its last: the
                 endpoints-map pick, ruleset v3+);
@@ -20,8 +23,12 @@ times, R times each, transactions that add and remove again:
                 dispatch-tcp-a-10 (ruleset v7);
 - `vip_elems`:  its 10 `vip-endpoints-tcp-a` elements;
 - `add_service`: both, with a hairpin element: what adding a ClusterIP
-                service of 10 endpoints sends (v7), but its cluster-ips
-                element.
+                service of 10 endpoints sends (v7-v9), but its cluster-ips
+                element;
+- `continue_elem`: one `service-ips` element `continue` (ruleset v10);
+- `bits_service`: what v10 sends instead: the vip-endpoints and hairpin
+                elements, a `continue` element and four plain elements
+                (the pick tree's membership and bits; probe sets here).
 
     python bench/validation_probe.py [--size 10000x10] [--reps 15] [--no-affinity]
 """

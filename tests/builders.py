@@ -38,6 +38,7 @@ from nftproxy.core.model import (
 )
 from nftproxy.core.rules import dispatch as shared_dispatch
 from nftproxy.core.rules import names
+from nftproxy.core.rules import picks as pick_trees
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.detect import local_detector
 from nftproxy.core.rules.dispatch import generation_chains
@@ -301,9 +302,9 @@ _SELECTOR_SETS = frozenset(
     for nodeport in (False, True)
     for g in sk.GENERATIONS
     for name in (
-        shared_dispatch.shared_set(g, nodeport=nodeport),
-        *(shared_dispatch.count_bit_set(b, g, nodeport=nodeport)
-          for b in range(shared_dispatch.COUNT_BITS)),
+        pick_trees.shared_set(g, nodeport=nodeport),
+        *(pick_trees.count_bit_set(b, g, nodeport=nodeport)
+          for b in range(pick_trees.COUNT_BITS)),
     )
 )
 
@@ -336,14 +337,14 @@ def resolved(fragment: Fragment) -> list[Element]:
         if isinstance(e.value, Verdict) and e.value.kind == "continue":
             nodeport = e.set_name == sk.SERVICE_NODEPORTS
             member = sets_of.get(e.key, set())
-            assert shared_dispatch.shared_set(generation, nodeport=nodeport) in member, e
-            bits = [b for b in range(shared_dispatch.COUNT_BITS)
-                    if shared_dispatch.count_bit_set(b, generation, nodeport=nodeport)
+            assert pick_trees.shared_set(generation, nodeport=nodeport) in member, e
+            bits = [b for b in range(pick_trees.COUNT_BITS)
+                    if pick_trees.count_bit_set(b, generation, nodeport=nodeport)
                     in member]
             protocol = L4Protocol(str(e.key[0 if nodeport else 1]).upper())
             leaf = (shared_dispatch.nodeport_dispatch_chain if nodeport
                     else shared_dispatch.dispatch_chain)
-            target = leaf(protocol, generation, shared_dispatch.count_of(bits))
+            target = leaf(protocol, generation, pick_trees.count_of(bits))
             e = Element(e.set_name, e.key, Verdict("goto", target), e.comment)
         out.append(e)
     return out

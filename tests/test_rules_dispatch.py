@@ -92,8 +92,8 @@ from nftproxy.core.model import (
 from nftproxy.core.nft.ops import OpError, Table
 from nftproxy.core.nft.plan import SKELETON
 from nftproxy.core.render import render_full
-from nftproxy.core.rules import dispatch as shared_dispatch
 from nftproxy.core.rules import names
+from nftproxy.core.rules import picks as pick_trees
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.fragment import (
     NUMGEN_KEY,
@@ -667,7 +667,7 @@ def test_every_count_walks_the_pick_tree_to_its_chooser(
     """The specification of the pick tree: a destination in `shared-vips`
     (`shared-nodeports`) enters it after the dispatch map by the root map's
     element for its protocol, and, its count N - 1 spelled by its
-    membership in the bit sets (dispatch.count_bits), passes exactly 6 pick
+    membership in the bit sets (pick_trees.count_bits), passes exactly 6 pick
     chains of the generation, one per bit, to `dispatch-<p>-<g>-N`
     (`dispatch-nodeport-<p>-<g>-N`), by a rule commented "N endpoints".
     Every chain of the tree is on some count's path."""
@@ -682,8 +682,8 @@ def test_every_count_walks_the_pick_tree_to_its_chooser(
     assert rules[at + 1] == f"meta l4proto vmap @{shared}-root"
     key, passed = _tree_key(ip, nodeport=nodeport), set[str]()
     for n in range(1, 65):
-        bits = set(shared_dispatch.count_bits(n))
-        assert shared_dispatch.count_of(sorted(bits)) == n
+        bits = set(pick_trees.count_bits(n))
+        assert pick_trees.count_of(sorted(bits)) == n
         for p in PROTOCOLS:
             target, path, comment = _walk(skeleton, shared, key, p, bits)
             assert target == leaf.format(p=p, g=generation, n=n), (n, p, path)

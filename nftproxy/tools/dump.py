@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nftproxy.core.model import L4Protocol, ServicePortName
-from nftproxy.core.rules import dispatch, names
+from nftproxy.core.rules import dispatch, names, picks
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.fragment import affinity_table_name
 from nftproxy.core.trace.identity import EXTERNAL, FIREWALL, LOCAL, chooser, identity, split
@@ -157,19 +157,19 @@ def _picked_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
     """Where the pick tree sends each destination of `set_name` (ruleset
     v10: a shared port's `service-ips` / `service-nodeports` element is
     `continue`; its count is in the bit sets, its generation in the root
-    map: rules/dispatch.py), as the goto it stands for, by key."""
+    map: rules/picks.py), as the goto it stands for, by key."""
     nodeport = set_name == sk.SERVICE_NODEPORTS
-    root = parsed.sets.get(dispatch.root_map(nodeport=nodeport), {}).get("elem", [])
+    root = parsed.sets.get(picks.root_map(nodeport=nodeport), {}).get("elem", [])
     generation = next(
         (sk.chain_generation(_target(v).split()[-1]) for _, _, v in map(elem_parts, root)), None
     )
     if generation is None:
         return {}
-    members = parsed.sets.get(dispatch.shared_set(generation, nodeport=nodeport), {})
+    members = parsed.sets.get(picks.shared_set(generation, nodeport=nodeport), {})
     members = members.get("elem", [])
     named = (
-        dispatch.count_bit_set(b, generation, nodeport=nodeport)
-        for b in range(dispatch.COUNT_BITS)
+        picks.count_bit_set(b, generation, nodeport=nodeport)
+        for b in range(picks.COUNT_BITS)
     )
     bits = [
         {_key_text(elem_parts(e)[0]) for e in parsed.sets.get(name, {}).get("elem", [])}
@@ -179,7 +179,7 @@ def _picked_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, _, _ in map(elem_parts, members):
         text = _key_text(key)
-        count = dispatch.count_of([b for b, keys in enumerate(bits) if text in keys])
+        count = picks.count_of([b for b, keys in enumerate(bits) if text in keys])
         try:
             protocol = L4Protocol(str(key[0 if nodeport else 1]).upper())
         except ValueError:

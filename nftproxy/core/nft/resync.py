@@ -69,7 +69,7 @@ from nftproxy.core.nft.plan import (
     _same_declaration,
     _write_chain,
 )
-from nftproxy.core.rules import dispatch
+from nftproxy.core.rules import picks
 from nftproxy.core.rules.fragment import (
     CompactFragment,
     Element,
@@ -160,15 +160,17 @@ def _added_in_steps(decl: SetDecl) -> bool:
 
 
 _MARKING = frozenset({MASQUERADE_VIPS, MASQUERADE_NODEPORTS})
-_PICKING = dispatch.selector_set_names()
-"""The pick trees' sets and root maps (new in ruleset v10), added empty in
-step 0: the skeleton's rule that looks them up finds nothing, so every
-destination keeps its verdict-map goto until the final step fills them and
-switches the verdict maps to `continue`."""
 """The shared choosers' masquerade sets (new in ruleset v7), added empty in
 step 0: until the final step switches the dispatch maps no destination
 goes to a shared chooser, and the KUBE-EXT chains still in use mark their
 own traffic."""
+
+_PICKING = picks.selector_set_names()
+"""The pick trees' root maps (new in ruleset v10; the trees' sets come in
+generations), added in step 0 with their elements, which jump to the new
+generation's tree: its root returns every destination until the chunks
+fill its membership set, and a ruleset v9 table's goto elements serve
+until the final step switches the verdict maps to `continue`."""
 
 
 def _filled_in_steps(name: str) -> bool:

@@ -11,7 +11,7 @@ re-exports these names).
 from __future__ import annotations
 
 from nftproxy.core.model import L4Protocol
-from nftproxy.core.rules import dispatch
+from nftproxy.core.rules import dispatch, picks
 
 __all__ = [
     "ENDPOINTS",
@@ -119,6 +119,7 @@ _FILLED_IN_STEPS = {
     **_GENERATION_OF,
     **{hairpin_set(g): g for g in GENERATIONS},
     **dispatch.generation_maps(GENERATIONS),
+    **picks.generation_sets(GENERATIONS),
 }
 
 
@@ -129,7 +130,10 @@ def generation_of(name: str) -> str | None:
     return _FILLED_IN_STEPS.get(name)
 
 
-_CHAIN_GENERATION = dispatch.generation_chains(GENERATIONS)
+_CHAIN_GENERATION = {
+    **dispatch.generation_chains(GENERATIONS),
+    **{name: g for g in GENERATIONS for name in picks.pick_chain_names(g)},
+}
 
 
 def chain_generation(name: str) -> str | None:
@@ -150,11 +154,11 @@ def is_external_local_chain(name: str) -> bool:
     return name in _EXTERNAL_LOCAL
 
 
-_PICK_CHAINS = frozenset(name for g in GENERATIONS for name in dispatch.pick_chain_names(g))
+_PICK_CHAINS = frozenset(name for g in GENERATIONS for name in picks.pick_chain_names(g))
 
 
 def is_pick_chain(name: str) -> bool:
-    """Whether `name` is a chain of a generation's pick tree (rules/dispatch.py)."""
+    """Whether `name` is a chain of a generation's pick tree (rules/picks.py)."""
     return name in _PICK_CHAINS
 
 

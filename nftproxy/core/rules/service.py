@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import Endpoint, IPFamily, NodeInfo, ServicePort
-from nftproxy.core.rules import dispatch, expr, names
+from nftproxy.core.rules import dispatch, expr, names, picks
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.detect import LocalDetector, masquerade_source
 from nftproxy.core.rules.fragment import (
@@ -266,13 +266,13 @@ def _to_chooser(
 ) -> list[Element]:
     """A destination's way to its shared chooser: in `service-ips` /
     `service-nodeports` a `continue` element and the pick tree's elements
-    (rules/dispatch.py: plain elements, which a commit adds without the
+    (rules/picks.py: plain elements, which a commit adds without the
     kernel re-validating the table), in an eTP=Local choosers map a goto."""
     if table in _DISPATCH_MAPS:
         nodeport = table == sk.SERVICE_NODEPORTS
         return [
             Element(table, key, CONTINUE, comment),
-            *dispatch.selector_elements(key, count, generation, nodeport=nodeport),
+            *picks.selector_elements(key, count, generation, nodeport=nodeport),
         ]
     return [Element(table, key, Verdict("goto", chooser), comment)]
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, L4Protocol, NodeInfo
-from nftproxy.core.rules import dispatch, expr
+from nftproxy.core.rules import dispatch, expr, picks
 from nftproxy.core.rules.detect import local_detector, masquerade_source
 from nftproxy.core.rules.fragment import (
     NUMGEN_KEY,
@@ -243,7 +243,7 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                     expr.vmap(daddr_key, SERVICE_IPS),
                     comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
                 ),
-                dispatch.selector_rule(nodeport=False),
+                picks.selector_rule(nodeport=False),
                 _rule(
                     *nodeport_dst, expr.goto(NODEPORTS), comment="NodePort traffic (must be last)"
                 ),
@@ -258,7 +258,7 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                     comment="node ports of services with shared choosers",
                 ),
                 _rule(expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS)),
-                dispatch.selector_rule(nodeport=True),
+                picks.selector_rule(nodeport=True),
             ),
         ),
         Chain(FIREWALL_CHECK, (_source_range_rule(family),)),
@@ -485,14 +485,14 @@ def render_skeleton(
         *_lookup_chains(family, config),
         *_helper_chains(family, config),
         *dispatch.dispatch_chains(family, generation, masq),
-        *dispatch.pick_chains(family, generation),
+        *picks.pick_chains(family, generation),
         *dispatch.external_local_chains(family, generation, pods, MARK_MASQ),
     )
     sets = (
         *_maps_and_sets(family, config, node, service_cidrs),
         *_endpoints_maps(family, generation),
         *dispatch.dispatch_maps(family, generation),
-        *dispatch.selector_sets(family, generation),
+        *picks.selector_sets(family, generation),
     )
     aside_chains, aside_sets = _affinity_table(family, config, node)
     return Fragment(family, (*chains, *aside_chains), (*sets, *aside_sets))
