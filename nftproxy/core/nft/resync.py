@@ -165,7 +165,7 @@ step 0: until the final step switches the dispatch maps no destination
 goes to a shared chooser, and the KUBE-EXT chains still in use mark their
 own traffic."""
 
-_PICKING = picks.selector_set_names()
+_PICKING = picks.root_maps()
 """The pick trees' root maps (new in ruleset v10; the trees' sets come in
 generations), added in step 0 with their elements, which jump to the new
 generation's tree: its root returns every destination until the chunks

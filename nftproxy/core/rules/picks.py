@@ -53,9 +53,9 @@ __all__ = [
     "pick_chain_names",
     "pick_chains",
     "root_map",
+    "root_maps",
     "selector_elements",
     "selector_rule",
-    "selector_set_names",
     "selector_sets",
     "shared_set",
 ]
@@ -182,36 +182,42 @@ def pick_chains(family: IPFamily, generation: str) -> tuple[Chain, ...]:
     out: list[Chain] = []
     for nodeport in _BOTH:
         key = _tree_key(family, nodeport)
-        leaf = nodeport_dispatch_chain if nodeport else dispatch_chain
         for prefix in _prefixes():
             bit = COUNT_BITS - 1 - len(prefix)
             member = expr.match(key, "@" + count_bit_set(bit, generation, nodeport=nodeport))
             if bit:
-                down = pick_chain(generation, prefix + "1", nodeport=nodeport)
                 rules = [] if prefix else [_not_member(key, generation, nodeport)]
-                rules += [
-                    Rule((member, expr.goto(down))),
-                    Rule((expr.goto(pick_chain(generation, prefix + "0", nodeport=nodeport)),)),
-                ]
+                rules += _node_rules(member, prefix, generation, nodeport)
             else:
-                rules = []
-                for p in L4Protocol:
-                    high = int(prefix + "1", 2) + 1
-                    rules += [
-                        Rule(
-                            (expr.l4proto(p), member, expr.goto(leaf(p, generation, high))),
-                            f"{high} endpoints",
-                        ),
-                        Rule(
-                            (expr.l4proto(p), expr.goto(leaf(p, generation, high - 1))),
-                            f"{high - 1} endpoints",
-                        ),
-                    ]
+                rules = _leaf_rules(member, prefix, generation, nodeport)
             out.append(Chain(pick_chain(generation, prefix, nodeport=nodeport), tuple(rules)))
     return tuple(out)
 
 
-def selector_set_names() -> frozenset[str]:
+def _node_rules(member: Json, prefix: str, generation: str, nodeport: bool) -> list[Rule]:
+    """A node above the last level: down to `prefix`1 when the bit is set, else `prefix`0."""
+    def child(bit: str) -> Json:
+        return expr.goto(pick_chain(generation, prefix + bit, nodeport=nodeport))
+
+    return [Rule((member, child("1"))), Rule((child("0"),))]
+
+
+def _leaf_rules(member: Json, prefix: str, generation: str, nodeport: bool) -> list[Rule]:
+    """A node of the last level: per protocol, to the chooser of the count
+    with bit 0 set when it is, else to the one without."""
+    leaf = nodeport_dispatch_chain if nodeport else dispatch_chain
+    high = int(prefix + "1", 2) + 1
+    rules: list[Rule] = []
+    for p in L4Protocol:
+        proto = expr.l4proto(p)
+        rules += [
+            Rule((proto, member, expr.goto(leaf(p, generation, high))), f"{high} endpoints"),
+            Rule((proto, expr.goto(leaf(p, generation, high - 1))), f"{high - 1} endpoints"),
+        ]
+    return rules
+
+
+def root_maps() -> frozenset[str]:
     """The pick trees' root maps (the only part not per generation)."""
     return frozenset(root_map(nodeport=nodeport) for nodeport in _BOTH)
 
