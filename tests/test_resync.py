@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
+from faults import picked_chooser
 from k8s import endpoint_slice, service
 from test_proxier import CONFIG, NODE, Recording, listed, listing, started
 
@@ -406,7 +407,6 @@ def _as_ruleset_v9(backend: FakeBackend) -> None:
         table = {"family": family, "table": "nftproxy"}
         objs = _objects(doc)
         sets = {o["name"]: o.get("elem", []) for kind, o in objs if kind in ("set", "map")}
-        generation = sets["shared-vips-root"][0][1]["jump"]["target"].removeprefix("pick-vip-")
         cmds: list[Any] = []
         for chain in ("KUBE-SERVICES", "KUBE-NODEPORTS"):
             kept = [o for kind, o in objs if kind == "rule" and o["chain"] == chain
@@ -415,16 +415,12 @@ def _as_ruleset_v9(backend: FakeBackend) -> None:
             cmds += [{"add": {"rule": {**table, "chain": chain, "expr": r["expr"],
                                        **({"comment": r["comment"]} if "comment" in r else {})}}}
                      for r in kept]
-        for name, kind, leaf in (("service-ips", "vips", "dispatch-"),
-                                 ("service-nodeports", "nodeports", "dispatch-nodeport-")):
+        for name, nodeport in (("service-ips", False), ("service-nodeports", True)):
             for key, verdict in sets[name]:
                 if "continue" not in verdict:
                     continue
                 val = key["elem"]["val"]
-                bits = [b for b in range(6)
-                        if val in sets[f"shared-{kind}-{generation}-bit{b}"]]
-                proto = val["concat"][1 if kind == "vips" else 0]
-                target = f"{leaf}{proto}-{generation}-{1 + sum(1 << b for b in bits)}"
+                target = picked_chooser(sets, val["concat"], nodeport=nodeport)
                 cmds += [{"delete": {"element": {**table, "name": name, "elem": [val]}}},
                          {"add": {"element": {**table, "name": name,
                                               "elem": [[key, {"goto": {"target": target}}]]}}}]

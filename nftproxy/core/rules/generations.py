@@ -130,10 +130,8 @@ def generation_of(name: str) -> str | None:
     return _FILLED_IN_STEPS.get(name)
 
 
-_CHAIN_GENERATION = {
-    **dispatch.generation_chains(GENERATIONS),
-    **{name: g for g in GENERATIONS for name in picks.pick_chain_names(g)},
-}
+_PICK_CHAINS = {name: g for g in GENERATIONS for name in picks.pick_chain_names(g)}
+_CHAIN_GENERATION = {**dispatch.generation_chains(GENERATIONS), **_PICK_CHAINS}
 
 
 def chain_generation(name: str) -> str | None:
@@ -152,9 +150,6 @@ def is_external_local_chain(name: str) -> bool:
     """Whether `name` is a generation's external-local or nodeport-local
     chain: what KUBE-EXT does for every eTP=Local port (rules/dispatch.py)."""
     return name in _EXTERNAL_LOCAL
-
-
-_PICK_CHAINS = frozenset(name for g in GENERATIONS for name in picks.pick_chain_names(g))
 
 
 def is_pick_chain(name: str) -> bool:

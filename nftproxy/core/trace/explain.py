@@ -114,7 +114,7 @@ def _shared_choosers(flow: Flow) -> dict[str, str]:
         if _is_shared_chooser(target) and chooser(e.comment):
             out.setdefault(target, chooser(e.comment))
         elif target == "continue" and chooser(e.comment):
-            # ruleset v10: the pick tree led to the chooser (rules/dispatch.py)
+            # ruleset v10: the pick tree led to the chooser (rules/picks.py)
             leaf = next((s.chain for s in flow.steps if _is_leaf(s.chain)), None)
             if leaf is not None:
                 out.setdefault(leaf, chooser(e.comment))
