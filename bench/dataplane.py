@@ -17,6 +17,10 @@ built first and kept for the whole run, so variants can be INTERLEAVED
 - `nft-N`       nftproxy (the real Proxier) with N ClusterIP services
                 programmed; the target service is added last and has the
                 highest VIP (its map lookup is O(1) whatever the order);
+- `nftpart-N`   the same, the target added by a partial sync after the
+                full sync of the others: it goes through the pick tree
+                (rules/picks.py), as every destination a partial sync
+                changed does until the next full sync;
 - `iptnft-N`    kube-proxy's iptables-mode ruleset for the same services
                 (bench/iptables_ruleset.py, KUBE-SERVICES a linear list, the
                 target LAST), loaded with iptables-nft-restore (this host's
@@ -206,18 +210,25 @@ def _nft_services(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return svcs, slices
 
 
-def _load_nft(node_ns: str, n: int) -> str:
+def _load_nft(node_ns: str, n: int, *, partial: bool = False) -> str:
+    """N services by the real Proxier; `partial`: the target (the last) in
+    a partial sync of its own after the full sync of the others."""
     from nftproxy.kernel.libnftables import NftBackend
 
     config = bl.bench_config(cluster_cidrs=(CLUSTER_CIDR,))
     svcs, slices = _nft_services(n)
+    split = n - 1 if partial else n
     with NftBackend(netns=node_ns) as backend:
         proxier = bl.make_proxier(backend, config)
-        bl.feed(proxier, svcs, slices)
-        proxier.sync()
+        bl.feed(proxier, svcs[:split], slices[:split])
+        first = proxier.sync()
+        if partial:
+            bl.feed(proxier, svcs[split:], slices[split:])
+            assert first.full and not proxier.sync().full
         listing = backend.run_json({"list": {"chains": {"family": "ip"}}})
         chains = sum(1 for item in listing["nftables"] if "chain" in item)
-    return f"nftables, {chains} chains"
+    how = ", the target by a partial sync" if partial else ""
+    return f"nftables, {chains} chains{how}"
 
 
 CONNTRACK_ONLY = """
@@ -306,6 +317,8 @@ def sandbox(variant: str, stack: contextlib.ExitStack) -> Iterator[Sandbox]:
             target = ("127.0.0.1", PORT)
         elif kind == "nft":
             desc = _load_nft(topo.node, int(size))
+        elif kind == "nftpart":
+            desc = _load_nft(topo.node, int(size), partial=True)
         elif kind == "iptnft":
             desc = _load_iptables(topo.node, int(size), "iptables-nft-restore")
         elif kind == "iptleg":
@@ -449,6 +462,9 @@ def _ratios(rows: dict[tuple[str, str], dict[str, Any]], variants: list[str]) ->
             (f"iptleg-{n}", "iptleg-1"),
             (f"iptnft-{n}", v),
             (f"iptleg-{n}", v),
+            (v, "natmin"),
+            (f"nftpart-{n}", v),
+            (f"nftpart-{n}", "natmin"),
         ]
     table = []
     for a, b in pairs:

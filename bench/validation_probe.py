@@ -28,7 +28,12 @@ times, R times each, transactions that add and remove again:
 - `continue_elem`: one `service-ips` element `continue` (ruleset v10);
 - `bits_service`: what v10 sends instead: the vip-endpoints and hairpin
                 elements, a `continue` element and four plain elements
-                (the pick tree's membership and bits; probe sets here).
+                (the pick tree's membership and bits; probe sets here);
+- `goto_to_continue`: a `service-ips` goto element (a full sync's) deleted
+                and the same key added as `continue`, in one transaction:
+                what a partial sync's first change of a shared
+                destination sends beside its plain elements (eighteenth
+                pass: deleting a goto element is not validated).
 
     python bench/validation_probe.py [--size 10000x10] [--reps 15] [--no-affinity]
 """
@@ -112,11 +117,19 @@ def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str,
             bits_service,
             [{"delete": c["add"]} for c in reversed(bits_service)],
         ),
+        "goto_to_continue": (
+            [{"delete": {"element": {**shared, "elem": [key]}}}, {"add": {"element": cont}}],
+            [{"delete": {"element": {**cont, "elem": [key]}}}, {"add": {"element": shared}}],
+        ),
         "rewrite": (
             [{"flush": {"chain": chain}}, *({"add": {"rule": r}} for r in rules)],
             None,
         ),
     }
+
+
+_PRESENT_BEFORE = {"goto_to_continue"}
+"""Cases whose `do` changes an element that is there: their `undo` runs once first."""
 
 
 def main() -> int:
@@ -158,6 +171,8 @@ def main() -> int:
         lib = bl.machine_info().get("libnftables1", "?")
         bl.progress(f"{shape.label}: loaded; probing in {svc_chain} ({len(rules)} rules)")
         for case, (do, undo) in _cases(table, svc_chain, rules).items():
+            if case in _PRESENT_BEFORE:
+                backend.commit(undo)
             times = []
             for _ in range(args.reps):
                 times.append(_timed(backend, do))

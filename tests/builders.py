@@ -168,9 +168,16 @@ def many(n: int, *, local: bool = False, base: str = "10.180") -> tuple[Endpoint
 
 
 def context(
-    family: IPFamily = IPFamily.IPV4, config: ProxyConfig = CONFIG, node: NodeInfo = NODE
+    family: IPFamily = IPFamily.IPV4,
+    config: ProxyConfig = CONFIG,
+    node: NodeInfo = NODE,
+    *,
+    pick_trees: bool = False,
 ) -> RenderContext:
-    return RenderContext(family, config, node, local_detector(family, config, node))
+    """A full sync's context; `pick_trees`: a partial sync's (a shared
+    destination through the pick tree, not by goto)."""
+    detector = local_detector(family, config, node)
+    return RenderContext(family, config, node, detector, pick_trees=pick_trees)
 
 
 def render_own(
@@ -195,8 +202,11 @@ def render(
     *,
     config: ProxyConfig = CONFIG,
     node: NodeInfo = NODE,
+    pick_trees: bool = False,
 ) -> RenderedPort:
-    return render_service_port(port, endpoints, context(port.family, config, node))
+    """The port's fragment as a full sync renders it (`pick_trees`: a partial sync)."""
+    ctx = context(port.family, config, node, pick_trees=pick_trees)
+    return render_service_port(port, endpoints, ctx)
 
 
 def chain_of(fragment: Fragment, name: str) -> Chain:

@@ -323,21 +323,6 @@ def _targets(addrs: list[Any], sets: Mapping[str, list[Any]], dest: Any) -> list
     ]
 
 
-def picked_chooser(sets: Mapping[str, list[Any]], key: list[Any], *, nodeport: bool = False) -> str:
-    """The shared chooser the pick tree sends a `continue` destination of
-    service-ips (`nodeport`: service-nodeports) to, in a listing's sets
-    (ruleset v10): the generation of the root map's tree, the count from
-    the bit sets the destination is in."""
-    kind, leaf = ("nodeport", "dispatch-nodeport-") if nodeport else ("vip", "dispatch-")
-    (_, root), *_ = sets[f"shared-{kind}s-root"]
-    generation = root["jump"]["target"].removeprefix(f"pick-{kind}-")
-    assert {"concat": key} in sets[f"shared-{kind}s-{generation}"], key
-    bits = [b for b in range(6)
-            if {"concat": key} in sets[f"shared-{kind}s-{generation}-bit{b}"]]
-    proto = key[0 if nodeport else 1]
-    return f"{leaf}{proto}-{generation}-{1 + sum(1 << b for b in bits)}"
-
-
 def service_shapes(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """Per cluster IP in `service-ips` of a listed table (libnftables JSON):
     (the endpoints the chain it goes to DNATs it to, how many of them have
@@ -349,7 +334,7 @@ def service_shapes(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     out = {}
     for key, verdict in sets.get("service-ips", []):
         vip, proto, port = (key["elem"]["val"] if "elem" in key else key)["concat"]
-        chain = picked_chooser(sets, [vip, proto, port]) if "continue" in verdict else (
+        chain = kernel.picked_chooser(sets, [vip, proto, port]) if "continue" in verdict else (
             verdict["goto"]["target"])
         eps = _targets(addrs.get(chain, []), sets, (vip, port))
         out[vip] = (len(eps), sum(ep in hairpin for ep in eps))

@@ -9,7 +9,8 @@ against `FakeApiServer`, `NftBackend` in a throwaway namespace) while
 then cutting the watches' connections, and after each batch,
 once the agent has caught up (every watch has passed the batch's last
 resourceVersion, then two syncs completed), check that:
-- the agent's tables (tests/kernel.py `canonical`) equal what ONE full sync
+- the agent's tables (tests/kernel.py `canonical`, a pick tree's destinations
+  read as gotos) equal what ONE full sync
   of the API's current objects builds: a fresh Proxier fed the objects the
   agent's watches select, committed by another NftBackend in a second
   namespace;
@@ -277,8 +278,12 @@ class Harness:
 
     @staticmethod
     def _tables(backend: Backend) -> dict[str, Any]:
-        return {f: kernel.canonical(list_family(backend.list_table, f, CONFIG.table_name))
-                for f in ("ip", "ip6")}
+        return {
+            f: kernel.canonical(
+                list_family(backend.list_table, f, CONFIG.table_name), picks_as_gotos=True
+            )
+            for f in ("ip", "ip6")
+        }
 
 
 def _diff(got: dict[str, Any] | None, want: dict[str, Any] | None) -> str:

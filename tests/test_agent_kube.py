@@ -49,7 +49,9 @@ CONFIG = ProxyConfig(
 
 def _listing(backend: FakeBackend) -> dict[str, Any]:
     return {
-        f: kernel.canonical(list_family(backend.list_table, f, CONFIG.table_name))
+        f: kernel.canonical(
+            list_family(backend.list_table, f, CONFIG.table_name), picks_as_gotos=True
+        )
         for f in ("ip", "ip6")
     }
 

@@ -197,3 +197,22 @@ def test_an_etp_local_port_beside_a_shared_etp_cluster_one() -> None:
     assert (lb["chooser"], lb["policies"]) == (
         "dispatch-tcp-a-3", {"externalTrafficPolicy": "Cluster"})
     assert [d["port"] for d in lb["dispatched"]] == [80, 80, 80, 30090]
+
+
+def test_a_partial_syncs_pick_trees_show_as_a_full_syncs_gotos() -> None:
+    """A partial sync sends each shared destination through the pick tree
+    (`continue` and the bits of its count), a full sync by a goto: dump
+    reads the tree and shows every port the same (VIPs, choosers, KUBE-*
+    identities, endpoints and their chances), in both families; only the
+    table's count of elements differs (the tree's sets)."""
+    objects = [*cluster(node_port=True, etp="Cluster"), *shared_lb()]
+    full, partial = listings(objects), listings(objects, partial=True)
+    for family in ("ip", "ip6"):
+        assert "continue" in str(partial[family]) and "continue" not in str(full[family])
+        by_goto = parse_table(full[family], family=family, table="nftproxy")
+        by_tree = parse_table(partial[family], family=family, table="nftproxy")
+        assert len(by_goto.to_json()["services"]) == 3
+        assert by_tree.to_json()["services"] == by_goto.to_json()["services"]
+        head_tree, *rest_tree = render_text(by_tree).splitlines()
+        head_goto, *rest_goto = render_text(by_goto).splitlines()
+        assert rest_tree == rest_goto and head_tree != head_goto

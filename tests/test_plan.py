@@ -347,7 +347,15 @@ SHARED_NODEPORT = replace(SVC1, node_port=30001)
 
 
 def frag(port: ServicePort, endpoints: Iterable[Endpoint] = ()) -> Fragment:
+    """The port's fragment as a full sync renders it (a shared destination's
+    service-ips element a goto to its chooser)."""
     return render(port, tuple(endpoints)).fragment
+
+
+def pfrag(port: ServicePort, endpoints: Iterable[Endpoint] = ()) -> Fragment:
+    """The port's fragment as a partial sync renders it (a shared
+    destination's service-ips element `continue`, and its pick tree's)."""
+    return render(port, tuple(endpoints), pick_trees=True).fragment
 
 
 def other(i: int) -> ServicePort:
@@ -396,8 +404,8 @@ def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
     as a goto to the new chain, in one transaction that adds the chain
     first and leaves the pick tree's elements."""
     eps64 = [endpoint(f"10.180.1.{i}") for i in range(1, 65)]
-    state, kernel = table(0, svc1=frag(SVC1, eps64))
-    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [*eps64, EP1])})
+    state, kernel = table(0, svc1=pfrag(SVC1, eps64))
+    commands = partial(state, kernel, {SVC1.name: pfrag(SVC1, [*eps64, EP1])})
     ops = _ops(commands)
     elems = [(v, name, spec["elem"]) for v, k, name, spec in ops if k == "element"]
     key = {"concat": ["172.30.0.41", "tcp", 80]}
@@ -603,7 +611,7 @@ def test_a_failed_commit_leaves_the_state_as_it_was() -> None:
 
 
 def _one_endpoint() -> Fragment:
-    return frag(SVC1, [EP1])
+    return pfrag(SVC1, [EP1])
 
 
 AC, AR, FC, DC = "add chain", "add rule", "flush chain", "delete chain"
@@ -617,50 +625,64 @@ SIZES = [
                  id="add a ClusterIP service with one endpoint"),
     # cluster-ips, service-ips (continue), shared-vips (the pick tree: one
     # endpoint sets no count bit), hairpin-endpoints, vip-endpoints-tcp-a
-    pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {DE: 2, AE: 2},
+    pytest.param(_one_endpoint(), pfrag(SVC1, [EP2]), {DE: 2, AE: 2},
                  id="change one endpoint's IP"),
     # hairpin EP1 . EP1 -> EP2 . EP2, vip-endpoints (VIP, 80, 0) -> EP2
-    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {AE: 3},
+    pytest.param(_one_endpoint(), pfrag(SVC1, [EP1, EP2]), {AE: 3},
                  id="add a second endpoint"),
     # shared-vips-a-bit0 (count 2); hairpin EP2 . EP2, vip-endpoints (VIP, 80, 1)
     pytest.param(_one_endpoint(), None, {DE: 5}, id="delete the service"),
     # cluster-ips, service-ips, shared-vips, hairpin, vip-endpoints elements deleted
     pytest.param(_one_endpoint(), _one_endpoint(), {}, id="no change"),
-    pytest.param(_one_endpoint(), frag(SVC1), {DE: 4, AE: 1},
+    pytest.param(_one_endpoint(), pfrag(SVC1), {DE: 4, AE: 1},
                  id="endpoints become none"),
     # service-ips and shared-vips -> no-endpoint-services (reject), hairpin and
     # endpoints elements gone
-    pytest.param(None, frag(SVC1), {AE: 2}, id="add a service without endpoints"),
+    pytest.param(None, pfrag(SVC1), {AE: 2}, id="add a service without endpoints"),
     # cluster-ips and no-endpoint-services elements
-    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AE: 4},
+    pytest.param(pfrag(SVC1), _one_endpoint(), {DE: 1, AE: 4},
                  id="its first endpoint"),
     # no-endpoint-services -> service-ips + shared-vips + hairpin + endpoints
     # A NodePort service with eTP=Cluster goes through shared choosers too
-    pytest.param(None, frag(SHARED_NODEPORT, [EP1]), {AE: 9},
+    pytest.param(None, pfrag(SHARED_NODEPORT, [EP1]), {AE: 9},
                  id="add a NodePort service with one endpoint"),
     # cluster-ips, service-ips, shared-vips, service-nodeports (continue),
     # shared-nodeports, masquerade-nodeports, vip-endpoints, nodeport-endpoints, hairpin
-    pytest.param(frag(SHARED_NODEPORT, [EP1]), frag(SHARED_NODEPORT, [EP2]), {DE: 3, AE: 3},
+    pytest.param(pfrag(SHARED_NODEPORT, [EP1]), pfrag(SHARED_NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change a NodePort service's endpoint"),
     # vip-endpoints, nodeport-endpoints, hairpin
     # An eTP=Local NodePort service goes through the shared nodeport-local
     # chain (ruleset v8): elements only too
-    pytest.param(None, frag(NODEPORT, [EP1]), {AE: 9},
+    pytest.param(None, pfrag(NODEPORT, [EP1]), {AE: 9},
                  id="add an eTP=Local NodePort service with one endpoint"),
     # cluster-ips, service-ips, shared-vips, vip-endpoints, service-nodeports (goto
     # nodeport-local-a), nodeport-cluster-choosers, nodeport-endpoints,
     # no-endpoint-nodeports (no local endpoint: drop), hairpin
-    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP2]), {DE: 3, AE: 3},
+    pytest.param(pfrag(NODEPORT, [EP1]), pfrag(NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change an eTP=Local NodePort service's endpoint"),
     # vip-endpoints, nodeport-endpoints, hairpin
-    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP1, EP2]), {DE: 1, AE: 5},
+    pytest.param(pfrag(NODEPORT, [EP1]), pfrag(NODEPORT, [EP1, EP2]), {DE: 1, AE: 5},
                  id="add a second endpoint to an eTP=Local NodePort service"),
     # the cluster IP's shared-vips-a-bit0 and nodeport-cluster-choosers' goto to the
     # chooser of 2; vip-endpoints, nodeport-endpoints, hairpin
     # A ClientIP affinity NodePort service keeps chains of its own
-    pytest.param(frag(CHAINED, [EP1]), frag(CHAINED, [EP2]), {FC: 1, AC: 1, AR: 3, DE: 1, AE: 1},
+    pytest.param(pfrag(CHAINED, [EP1]), pfrag(CHAINED, [EP2]), {FC: 1, AC: 1, AR: 3, DE: 1, AE: 1},
                  id="change a ClientIP affinity service's endpoint"),
     # KUBE-SVC rewritten (its affinity lookups and cascade DNAT inline); hairpin
+    # The first change of a port a full sync wrote (its goto to the chooser)
+    pytest.param(frag(SVC1, [EP1]), pfrag(SVC1, [EP2]), {DE: 3, AE: 4},
+                 id="change one endpoint's IP, the first change since the full sync"),
+    # service-ips goto -> continue, shared-vips; hairpin, vip-endpoints
+    pytest.param(frag(SVC1, [EP1]), pfrag(SVC1, [EP1, EP2]), {DE: 1, AE: 5},
+                 id="add a second endpoint, the first change since the full sync"),
+    # service-ips goto -> continue, shared-vips and its bit0; hairpin, vip-endpoints
+    pytest.param(frag(SVC1, [EP1]), None, {DE: 4},
+                 id="delete a service the full sync wrote"),
+    # cluster-ips, service-ips (goto), hairpin, vip-endpoints
+    pytest.param(frag(SHARED_NODEPORT, [EP1]), pfrag(SHARED_NODEPORT, [EP2]), {DE: 5, AE: 7},
+                 id="change a NodePort service's endpoint, the first change since the full sync"),
+    # service-ips and service-nodeports goto -> continue, shared-vips,
+    # shared-nodeports; vip-endpoints, nodeport-endpoints, hairpin
 ]
 
 
@@ -687,7 +709,7 @@ B = service_port("b", ns="ns2", cluster_ip=SAME_IP)
 
 def test_deleting_one_claimant_and_adding_another_hands_the_element_over_once() -> None:
     state, kernel = fresh({SKELETON: SKEL, A.name: frag(A, [EP1])})
-    commands = partial(state, kernel, {A.name: None, B.name: frag(B, [EP2])})
+    commands = partial(state, kernel, {A.name: None, B.name: pfrag(B, [EP2])})
     ops = _ops(commands)
     adds = [o[3]["elem"] for o in ops if o[:3] == ("add", "element", "service-ips")]
     dels = [o[3]["elem"] for o in ops if o[:3] == ("delete", "element", "service-ips")]
@@ -704,8 +726,8 @@ def test_deleting_one_claimant_and_adding_another_hands_the_element_over_once() 
 @pytest.mark.parametrize("order", ["a then b", "b then a", "together"])
 def test_two_claimants_resolve_to_the_same_winner_whatever_the_order(order: str) -> None:
     state, kernel = fresh({SKELETON: SKEL})
-    fa: dict[Owner, Fragment | None] = {A.name: frag(A, [EP1])}
-    fb: dict[Owner, Fragment | None] = {B.name: frag(B, [EP2])}
+    fa: dict[Owner, Fragment | None] = {A.name: pfrag(A, [EP1])}
+    fb: dict[Owner, Fragment | None] = {B.name: pfrag(B, [EP2])}
     steps = {"a then b": [fa, fb], "b then a": [fb, fa], "together": [{**fa, **fb}]}[order]
     for step in steps:
         commands = partial(state, kernel, step)

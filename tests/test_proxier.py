@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import kernel
 import pytest
 from faults import in_generation, service_shapes
 from feed import intake
@@ -95,9 +96,13 @@ class OldKernel(Recording):
 
 def listing(backend: FakeBackend) -> str:
     """Our tables of both families by content (each family's main and
-    affinity tables; handles and listing order ignored)."""
+    affinity tables; handles and listing order ignored; a destination a
+    partial sync sent through a pick tree read as a full sync's goto)."""
     return json.dumps(
-        [canonical(list_family(backend.list_table, f, CONFIG.table_name)) for f in ("ip", "ip6")],
+        [
+            canonical(list_family(backend.list_table, f, CONFIG.table_name), picks_as_gotos=True)
+            for f in ("ip", "ip6")
+        ],
         sort_keys=True,
     )
 
@@ -179,6 +184,60 @@ def test_first_sync_is_full_then_only_what_changed(backend: Recording, clock: Cl
     assert web == {NamespacedName("ns", "web")}
     assert 0 < second.ops < first.ops
     assert listing(backend) == full_table_of(WEB, moved, DNS, DNS_EPS)
+
+
+def _dispatch_verdicts(backend: FakeBackend) -> dict[str, str]:
+    """service-ips / service-nodeports of the ip table: key text -> the
+    verdict's kind (goto, continue, ...)."""
+    doc = backend.list_table("ip", CONFIG.table_name)
+    assert doc is not None
+    out = {}
+    for item in doc["nftables"]:
+        found = item.get("map", {})
+        if found.get("name") in ("service-ips", "service-nodeports"):
+            for key, verdict in found.get("elem", []):
+                val = key["elem"]["val"] if "elem" in key else key
+                out[json.dumps(val.get("concat", val))] = next(iter(verdict))
+    return out
+
+
+def _adds_a_goto_element(commands: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a transaction adds an element whose verdict is a goto or a
+    jump (which makes the kernel re-validate the table)."""
+    return any(
+        isinstance(e, list) and isinstance(e[1], dict) and {"goto", "jump"} & e[1].keys()
+        for c in commands
+        for e in c.get("add", {}).get("element", {}).get("elem", [])
+    )
+
+
+def test_a_changed_destination_goes_through_the_pick_tree_until_the_next_full_sync(
+    backend: Recording, clock: Clock
+) -> None:
+    """A full sync writes each shared destination as a goto to its chooser;
+    a partial sync that changes one turns it into `continue` and the pick
+    tree's plain elements, adding no goto element (the kernel validates
+    nothing); the periodic full sync writes the goto again and empties the
+    trees. The others stay as they were."""
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    events = listed(proxier, WEB, WEB_EPS, DNS, DNS_EPS)
+    assert proxier.sync().full
+    web, web_np, dns = ('["10.96.0.10", "tcp", 80]', '["tcp", 30080]', '["10.96.0.53", "udp", 53]')
+    assert _dispatch_verdicts(backend) == {web: "goto", web_np: "goto", dns: "goto"}
+    assert kernel.pick_tree_elements(backend.list_table("ip", CONFIG.table_name)) == 0
+    three = endpoint_slice("web", [("10.244.0.11", NODE), ("10.244.1.12", "node-b"),
+                                   ("10.244.1.13", "node-b")])
+    events.on_endpoint_slice(WEB_EPS, three)
+    assert not proxier.sync().full
+    assert not _adds_a_goto_element(backend.sent[-1])
+    assert _dispatch_verdicts(backend) == {web: "continue", web_np: "continue", dns: "goto"}
+    # web's two destinations are members, 3 - 1 = 0b10: in bit 1
+    assert kernel.pick_tree_elements(backend.list_table("ip", CONFIG.table_name)) == 4
+    clock.now += CONFIG.full_sync_period
+    assert proxier.sync().full
+    assert _dispatch_verdicts(backend) == {web: "goto", web_np: "goto", dns: "goto"}
+    assert kernel.pick_tree_elements(backend.list_table("ip", CONFIG.table_name)) == 0
+    assert listing(backend) == full_table_of(WEB, three, DNS, DNS_EPS)
 
 
 def test_no_change_sends_nothing(backend: Recording, clock: Clock) -> None:

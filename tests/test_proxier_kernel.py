@@ -39,7 +39,9 @@ CONFIG = ProxyConfig(
 
 def listing(backend: NftBackend) -> dict[str, Any]:
     return {
-        f: kernel.canonical(list_family(backend.list_table, f, CONFIG.table_name))
+        f: kernel.canonical(
+            list_family(backend.list_table, f, CONFIG.table_name), picks_as_gotos=True
+        )
         for f in ("ip", "ip6")
     }
 

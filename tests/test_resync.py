@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from faults import picked_chooser
 from k8s import endpoint_slice, service
+from kernel import picked_chooser
 from test_proxier import CONFIG, NODE, Recording, listed, listing, started
 
 from nftproxy.agent.proxier import Proxier

@@ -7,9 +7,10 @@ its external destinations), has no chain of its own (`PortPlan.shared`):
 its cluster IP reaches the skeleton's `dispatch-<proto>-<g>-<N>`, which
 masquerades as kube-proxy's chooser does (per local-traffic detector) and
 DNATs by (VIP, port, i), i uniform over 0..N-1, in
-`vip-endpoints-<proto>-<g>`, whose N elements the port owns. Since v10 the
-port's service-ips element is `continue` (comment tagged
-KUBE-SVC-<h>/KUBE-SVL-<h>), not a goto (a goto element makes the kernel
+`vip-endpoints-<proto>-<g>`, whose N elements the port owns. A full sync
+renders the port's service-ips element as a goto to that chooser; since
+v10 a partial sync renders it `continue` (comment tagged
+KUBE-SVC-<h>/KUBE-SVL-<h>; adding a goto element makes the kernel
 re-validate the whole table): the key is an element of the plain set
 `shared-vips` and of `shared-vips-a-bit<j>` for each bit j of N - 1, and the
 skeleton's rule after the service-ips vmap sends such a destination through
@@ -23,8 +24,8 @@ masquerade sets are test_rules_dispatch_external.py's, eTP=Local's
 test_rules_dispatch_local.py's):
 - which cluster-IP-only ports are dispatched (`PortPlan.shared_chooser`),
   which keep chains;
-- the port's elements: service-ips (`continue`, comment tagged
-  KUBE-SVC-<h>/KUBE-SVL-<h>), shared-vips and its count bits
+- the port's elements: service-ips (a full sync's goto, a partial sync's
+  `continue`, comment tagged KUBE-SVC-<h>/KUBE-SVL-<h>), shared-vips and its count bits
   (shared-nodeports for a node port), vip-endpoints (endpoint order,
   KUBE-SEP-<h> comments), per generation and protocol, and what picking
   from them amounts to; a changed endpoint count changes plain elements only;
@@ -32,8 +33,7 @@ test_rules_dispatch_local.py's):
   rule per detector; the maps' declarations (text only on 1.0.6);
 - the skeleton's pick trees: every count, protocol and kind reaches its chooser;
 - skeleton.generation_of / chain_generation over the new names;
-- a 10,000-port cluster-IP-only cluster renders no per-service chain and
-  no goto element.
+- a 10,000-port cluster-IP-only cluster renders no per-service chain.
 Names are spelled out literally ("dispatch-tcp-a-3"), so a change of
 spelling shows up here.
 """
@@ -234,22 +234,28 @@ def test_65_endpoints_keep_the_map_pick_of_their_own_chooser() -> None:
 def test_the_service_ips_element_goes_to_the_shared_chooser_of_its_count_and_generation(
     generation: str, n: int, bits: set[str]
 ) -> None:
-    """The raw element is `continue` whatever the generation (the root
-    map's elements pick the generation's tree); read through the pick
-    tree's elements it is the chooser of its count in the render's generation."""
+    """A full sync's element is the goto to the chooser of its count in the
+    render's generation; a partial sync's is `continue` whatever the
+    generation (the root map's elements pick the generation's tree), and
+    read through the pick tree's elements it is the same goto."""
     ctx = replace(context(), generation=generation)
-    fragment = render_service_port(SVC1, many(n, local=True), ctx).fragment
+    full = render_service_port(SVC1, many(n, local=True), ctx).fragment
+    partial = render_service_port(
+        SVC1, many(n, local=True), replace(ctx, pick_trees=True)).fragment
     key, comment = (CIP, "tcp", 80), f"ns1/svc1:p80 {SVC}"
-    assert elements_in(fragment, "service-ips") == [
+    goto = Element("service-ips", key, Verdict("goto", f"dispatch-tcp-{generation}-{n}"), comment)
+    assert elements_in(full, "service-ips") == [goto]
+    assert elements_in(partial, "service-ips") == [
         Element("service-ips", key, Verdict("continue"), comment)]
-    assert [e for e in resolved(fragment) if e.set_name == "service-ips"] == [
-        Element("service-ips", key, Verdict("goto", f"dispatch-tcp-{generation}-{n}"), comment)]
+    assert [e for e in resolved(partial) if e.set_name == "service-ips"] == [goto]
     hairpin = "hairpin-endpoints" + ("" if generation == "a" else f"-{generation}")
-    assert {e.set_name for e in fragment.elements} == {
-        "cluster-ips", "service-ips", f"shared-vips-{generation}",
-        *(b.format(g=generation) for b in bits),
-        f"vip-endpoints-tcp-{generation}", hairpin}
-    assert len(elements_in(fragment, f"vip-endpoints-tcp-{generation}")) == n
+    common = {"cluster-ips", "service-ips", f"vip-endpoints-tcp-{generation}", hairpin}
+    assert {e.set_name for e in full.elements} == common
+    assert {e.set_name for e in partial.elements} == {
+        *common, f"shared-vips-{generation}", *(b.format(g=generation) for b in bits)}
+    assert len(elements_in(full, f"vip-endpoints-tcp-{generation}")) == n
+    assert set(partial.elements) - set(full.elements) - {*elements_in(partial, "service-ips")} == {
+        e for e in partial.elements if e.set_name.startswith("shared-vips-")}
 
 
 RAW_COUNTS = [
@@ -264,17 +270,26 @@ DESTINATIONS = [
 ]
 
 
+def _chooser(table: str, n: int) -> str:
+    return f"dispatch-nodeport-tcp-a-{n}" if table == "service-nodeports" else f"dispatch-tcp-a-{n}"
+
+
 @pytest.mark.parametrize(("table", "shared", "key", "identity"), DESTINATIONS)
 @pytest.mark.parametrize(("n", "bits"), RAW_COUNTS)
 def test_a_shared_destination_is_a_continue_element_and_plain_elements_spelling_its_count(
     n: int, bits: tuple[int, ...], table: str, shared: str, key: tuple[object, ...],
     identity: str,
 ) -> None:
-    """v10's raw shape: the dispatch map's element is `continue` with the
-    kube-proxy identity in its comment; the same key is one element of the
-    membership set and of exactly the bit sets of N - 1's set bits, none
-    with a comment (the dispatch map's element names the port)."""
-    fragment = render(NODEPORT, many(n)).fragment
+    """v10's raw shape, as a partial sync renders it: the dispatch map's
+    element is `continue` with the kube-proxy identity in its comment; the
+    same key is one element of the membership set and of exactly the bit
+    sets of N - 1's set bits, none with a comment (the dispatch map's
+    element names the port). A full sync renders the goto and no element
+    of the tree's sets."""
+    full = render(NODEPORT, many(n)).fragment
+    assert [e for e in full.elements if e.set_name == table or e.set_name.startswith(shared)] == [
+        Element(table, key, Verdict("goto", _chooser(table, n)), f"ns1/svc1:p80 {identity}")]
+    fragment = render(NODEPORT, many(n), pick_trees=True).fragment
     mine = [e for e in fragment.elements if e.set_name == table or e.set_name.startswith(shared)]
     expected = [
         Element(table, key, Verdict("continue"), f"ns1/svc1:p80 {identity}"),
@@ -286,15 +301,16 @@ def test_a_shared_destination_is_a_continue_element_and_plain_elements_spelling_
 
 
 def test_a_chooser_is_reached_by_continue_in_dispatch_maps_and_by_goto_in_choosers_maps() -> None:
-    """service._to_chooser: a destination in service-ips / service-nodeports
-    reaches its chooser by a `continue` element and the pick tree's plain
-    elements; one in an eTP=Local choosers map (verdict maps the pick tree
-    does not serve) by a goto element, and has no pick-tree element. Here
-    the cluster IP (3 endpoints) is of the first kind, the eTP=Local
-    external IP's and node port's cluster (3) and local (2) choosers of the second."""
+    """service._to_chooser in a partial sync's render: a destination in
+    service-ips / service-nodeports reaches its chooser by a `continue`
+    element and the pick tree's plain elements; one in an eTP=Local choosers
+    map (verdict maps the pick tree does not serve) by a goto element, and
+    has no pick-tree element. Here the cluster IP (3 endpoints) is of the
+    first kind, the eTP=Local external IP's and node port's cluster (3) and
+    local (2) choosers of the second."""
     port = service_port(node_port=3001, external_ips=(EIP,), external_traffic_policy=LOCAL)
     eps = (endpoint(EP1, local=True), endpoint(EP2), endpoint(EP3, local=True))
-    fragment = render(port, eps).fragment
+    fragment = render(port, eps, pick_trees=True).fragment
     svc, svl, ext = (f"ns1/svc1:p80 {c}" for c in (SVC, SVL, EXT))
     eip, node_port = (EIP, "tcp", 80), ("tcp", 3001)
     ways = [e for e in fragment.elements
@@ -329,13 +345,13 @@ def _goto_free(fragment: Fragment) -> bool:
 def test_a_changed_endpoint_count_changes_plain_elements_only(
     before: int, after: int, gone: tuple[int, ...], new: tuple[int, ...]
 ) -> None:
-    """Why v10: a shared port whose count changes keeps its dispatch maps'
+    """Why v10: a shared port whose count a partial sync changes keeps its dispatch maps'
     elements (key, `continue`, comment) as they are, and no element of it
     is a goto (a goto element makes the kernel re-validate the table);
     what changes is bit-set elements and the endpoints maps' elements past
     the smaller count. Read through the tree, it reaches the new count's chooser."""
     port = replace(NODEPORT, external_ips=(EIP,))
-    old, cur = (render(port, many(n)).fragment for n in (before, after))
+    old, cur = (render(port, many(n), pick_trees=True).fragment for n in (before, after))
     assert _goto_free(old) and _goto_free(cur)
 
     def dispatch_maps(fragment: Fragment) -> list[Element]:
@@ -749,8 +765,8 @@ def test_generation_of_and_chain_generation_know_the_shared_names() -> None:
 
 def test_a_10000_port_cluster_ip_only_cluster_renders_no_per_service_chain() -> None:
     """The whole table's chains are the skeleton's: every port is elements
-    only (1..5 endpoints each, the three protocols), and none of them is a
-    goto (v10: each service-ips element is `continue`)."""
+    only (1..5 endpoints each, the three protocols), each service-ips
+    element a goto to a shared chooser of the skeleton (a full sync's)."""
     protocols = list(L4Protocol)
     ports = [
         service_port(f"s{i}", cluster_ip=f"172.30.{i // 250}.{i % 250 + 1}",
@@ -764,9 +780,11 @@ def test_a_10000_port_cluster_ip_only_cluster_renders_no_per_service_chain() -> 
     skeleton = fragments.pop(SKELETON)
     assert len(fragments) == 10_000
     assert all(f.chains == () for f in fragments.values())
-    assert {e.value for f in fragments.values() for e in f.elements
-            if isinstance(e.value, Verdict)} == {Verdict("continue")}
+    verdicts = {e.value for f in fragments.values() for e in f.elements
+                if isinstance(e.value, Verdict)}
+    assert {v.kind for v in verdicts} == {"goto"}
     targets = {service_ips_target(f) for f in fragments.values()}
+    assert targets == {v.target for v in verdicts}
     assert targets == {f"dispatch-{p}-a-{n}" for p in PROTOCOLS for n in range(1, 6)}
     assert targets <= skeleton.chain_names()
     picked = sum(e.set_name.startswith("vip-endpoints-")

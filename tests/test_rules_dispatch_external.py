@@ -250,9 +250,14 @@ def test_no_endpoints_rejects_every_destination_without_any_chooser(etp: Any) ->
 def test_each_external_vip_goes_to_the_shared_chooser_with_its_own_elements() -> None:
     """Every element of a shared port with an external IP, an LB VIP and a
     node port, with its comment: kube-proxy's identities (KUBE-SVC on the
-    cluster IP, KUBE-EXT on the external destinations, KUBE-SEP on endpoints)."""
+    cluster IP, KUBE-EXT on the external destinations, KUBE-SEP on endpoints),
+    as a partial sync renders them (through the pick tree); a full sync's
+    are the same but a goto in service-ips / service-nodeports for each
+    `continue` and no element of the tree's sets."""
     eps = (endpoint(EP2), endpoint(EP1, 8080, local=True))  # EP2 on node-b: no hairpin pair
-    fragment = render(ALL_EXTERNAL, eps).fragment
+    fragment = render(ALL_EXTERNAL, eps, pick_trees=True).fragment
+    full = render(ALL_EXTERNAL, eps).fragment
+    assert set(resolved(fragment)) == set(full.elements)
     svc, ext = names.service_chain(ALL_EXTERNAL.name), names.external_chain(ALL_EXTERNAL.name)
     ep1 = (Target(EP1, 8080), f"ns1/svc1:p80 -> {EP1}:8080 {sep(EP1, number=8080)}")
     ep2 = (Target(EP2, 80), f"ns1/svc1:p80 -> {EP2}:80 {sep(EP2)}")
@@ -302,15 +307,15 @@ def test_the_node_port_goes_to_the_shared_node_port_chooser() -> None:
 
 @pytest.mark.parametrize("generation", GENERATIONS)
 def test_external_elements_follow_the_render_generation(generation: str) -> None:
-    ctx = replace(context(), generation=generation)
+    ctx = replace(context(pick_trees=True), generation=generation)
     fragment = render_service_port(ALL_EXTERNAL, many(2), ctx).fragment
     assert set(gotos(fragment, "service-ips").values()) == {f"dispatch-tcp-{generation}-2"}
     assert set(gotos(fragment, "service-nodeports").values()) == {
         f"dispatch-nodeport-tcp-{generation}-2"}
     assert len(in_set(fragment, f"vip-endpoints-tcp-{generation}")) == 3 * 2
     assert len(in_set(fragment, f"nodeport-endpoints-tcp-{generation}")) == 2
-    # the masquerade sets and the pick tree's membership sets are not per
-    # generation, its bit sets are
+    # the masquerade sets are not per generation, the pick tree's
+    # membership and bit sets are
     assert {e.set_name for e in fragment.elements if e.set_name.startswith("masquerade-")} == {
         "masquerade-vips", "masquerade-nodeports"}
     assert {e.set_name for e in fragment.elements if e.set_name.startswith("shared-")} == {
@@ -495,11 +500,9 @@ def test_the_bench_mix_of_10000_services_keeps_chains_only_for_affinity() -> Non
         assert isinstance(owner, ServicePortName)
         assert services[owner].affinity
     shared = [f for f in fragments.values() if not f.chains]
-    # v10: no shared destination's dispatch map element is a goto to a chooser
-    assert not any(isinstance(e.value, Verdict) and e.value.target.startswith("dispatch-")
-                   for f in shared for e in f.elements
-                   if e.set_name in ("service-ips", "service-nodeports"))
-    targets = {e.value.target for f in shared for e in resolved(f)
+    # a full sync's: every shared destination by a goto, no pick tree element
+    assert not any(e.set_name.startswith("shared-") for f in shared for e in f.elements)
+    targets = {e.value.target for f in shared for e in f.elements
                if isinstance(e.value, Verdict) and e.value.kind == "goto"}
     assert targets <= skeleton.chain_names()
     assert {t.rsplit("-", 1)[0] for t in targets} == {

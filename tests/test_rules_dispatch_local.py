@@ -76,7 +76,7 @@ def element(fragment: Fragment, set_name: str, key: Any) -> Element:
 
 
 def test_an_etp_local_vip_goes_to_external_local_and_its_two_choosers() -> None:
-    fragment = render(ETP_LOCAL, EPS).fragment
+    fragment = render(ETP_LOCAL, EPS, pick_trees=True).fragment
     assert fragment.chains == ()
     for vip in (EIP, LB):
         key = (vip, "tcp", 80)
@@ -93,7 +93,8 @@ def test_an_etp_local_vip_goes_to_external_local_and_its_two_choosers() -> None:
             f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"]
         assert picks(fragment, "vip-local-endpoints-tcp-a", vip, 80) == [f"{EP1}:80", f"{EP3}:80"]
     # the cluster IP: a shared port's, of every endpoint (iTP=Cluster), by
-    # the pick tree; the eTP=Local destinations have no pick-tree element
+    # the pick tree (a partial sync's render); the eTP=Local destinations
+    # have no pick-tree element
     assert gotos(fragment, "service-ips")[(CIP, "tcp", 80)] == "dispatch-tcp-a-3"
     assert element(fragment, "service-ips", (CIP, "tcp", 80)).value == Verdict("continue")
     assert {e.key for e in fragment.elements if e.set_name.startswith("shared-")} == {

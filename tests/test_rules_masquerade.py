@@ -79,13 +79,16 @@ def shared_chooser_rules(
     """The rules of the skeleton's shared chooser (same config and node) that
     the shared `port`'s cluster IP's service-ips element (or with `set_name`
     service-nodeports, its node port's) goes to; the port has no chain.
-    The element is `continue` (ruleset v10): where it goes is read through
-    its pick-tree elements (builders.resolved)."""
-    fragment = render(port, endpoints, config=config, node=node).fragment
-    assert fragment.chains == ()
-    (raw,) = [e.value for e in fragment.elements if e.set_name == set_name]
+    A full sync's element is the goto; a partial sync's is `continue`
+    (ruleset v10), read through its pick-tree elements (builders.resolved)
+    as the same goto."""
+    full = render(port, endpoints, config=config, node=node).fragment
+    partial = render(port, endpoints, config=config, node=node, pick_trees=True).fragment
+    assert full.chains == () == partial.chains
+    (goto,) = [e.value for e in full.elements if e.set_name == set_name]
+    (raw,) = [e.value for e in partial.elements if e.set_name == set_name]
     assert raw == Verdict("continue")
-    (goto,) = [e.value for e in resolved(fragment) if e.set_name == set_name]
+    assert [e.value for e in resolved(partial) if e.set_name == set_name] == [goto]
     assert isinstance(goto, Verdict) and goto.kind == "goto"
     skeleton = render_skeleton(port.family, config, node)
     return [text(r) for r in chain_of(skeleton, goto.target).rules]

@@ -34,6 +34,7 @@ masquerade by KUBE-SERVICES' / KUBE-NODEPORTS' lookup in `masquerade-vips`
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from fractions import Fraction
 from typing import Any
@@ -70,13 +71,24 @@ def _slices(name: str, family: str, ips: list[str]) -> dict[str, Any]:
                           family="IPv4" if family == "ip" else "IPv6")
 
 
-def listings(objects: list[dict[str, Any]], config: ProxyConfig = CONFIG) -> dict[str, Any]:
-    """The tables one full sync of `objects` programs (fake kernel), per family."""
+def listings(
+    objects: list[dict[str, Any]], config: ProxyConfig = CONFIG, *, partial: bool = False
+) -> dict[str, Any]:
+    """The tables one full sync of `objects` programs (fake kernel), per
+    family; `partial`: the full sync of none, then a partial sync adding
+    them (their shared destinations through the pick trees)."""
     backend = FakeBackend()
     backend.start()
     proxier = Proxier(config, backend)
-    listed(proxier, *objects)
-    proxier.sync()
+    events = listed(proxier, *([] if partial else objects))
+    assert proxier.sync().full
+    if partial:
+        for obj in objects:
+            if obj["kind"] == "Service":
+                events.on_service(None, obj)
+            else:
+                events.on_endpoint_slice(None, obj)
+        assert not proxier.sync().full
     return {f: list_family(backend.list_table, f, config.table_name) for f in ("ip", "ip6")}
 
 
@@ -314,3 +326,33 @@ def test_with_masquerade_all_pod_traffic_to_an_etp_local_vip_is_not_marked() -> 
     assert len(others) == 2 and not any(p.masquerade for p in others)
     cip = run(tables, "10.244.0.12", LB_VIPS["ip"], Origin.POD)
     assert all(p.masquerade for p in cip.paths)
+
+
+_TREE_NODE = re.compile(r"pick-(?:vip|nodeport)-a-[01]+")
+"""A pick tree's chain below its root (the root is every packet's way on
+when service-ips has no goto for it)."""
+
+
+@pytest.mark.parametrize("family", ["ip", "ip6"])
+def test_a_partial_syncs_pick_trees_trace_as_a_full_syncs_gotos(family: str) -> None:
+    """A full sync sends each shared destination to its chooser by a goto;
+    a partial sync by `continue` and the pick tree. Traced, every
+    destination has the same paths (endpoints, chances, service, KUBE-*
+    identities, masquerade and its reasons), from outside and from the node;
+    only the steps differ: the partial sync's go down the tree."""
+    objects = [*cluster(node_port=True, etp="Cluster"), *shared_lb()]
+    full, partial = listings(objects), listings(objects, partial=True)
+    destinations = [(VIPS[family], 80), (NP_VIPS[family], 80), (LB_VIPS[family], 80),
+                    (INGRESS[family], 80), (EXTERNAL_IPS[family], 80),
+                    (NODE_IPS[family], 30080), (NODE_IPS[family], 30090)]
+    for origin, src in ((Origin.EXTERNAL, CLIENTS[family]), (Origin.NODE, NODE_IPS[family])):
+        for dst, port in destinations:
+            by_goto = run(full, src, dst, origin, port=port)
+            by_tree = run(partial, src, dst, origin, port=port)
+            assert by_goto.endpoints() and len(by_goto.paths) == 3, (origin, dst, port)
+            assert [replace(p, steps=()) for p in by_tree.paths] == [
+                replace(p, steps=()) for p in by_goto.paths], (origin, dst, port)
+            for result, down_the_tree in ((by_goto, False), (by_tree, True)):
+                chains = {s.chain for p in result.paths for s in p.steps}
+                assert any(_TREE_NODE.fullmatch(c) for c in chains) == down_the_tree
+

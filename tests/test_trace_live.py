@@ -1,11 +1,15 @@
 """`nftproxy trace --live`: the kernel's own trace of real packets, and nothing left behind.
 
 Aspects (kernel tests: a namespace with the sample programmed by `nftproxy
-sync` and a route out, so the namespace's own packets reach the output hook):
+sync` and a route out, so the namespace's own packets reach the output hook;
+the two tracing tests also after partial syncs re-added demo/dns and
+demo/web-np, whose destinations then go through the pick trees):
 - the node's own UDP datagram to a ClusterIP is reported rule by rule in
   trace's vocabulary (hook, chain #rule, the rule as nft prints it, the
-  verdict) with its outcome (DNAT target, masquerade); the command stops
-  after --count packets, and the table is exactly as before;
+  verdict) with its outcome (DNAT target, masquerade): by the goto to the
+  shared chooser after a full sync, down the pick tree after a partial
+  one; the command stops after --count packets, and the table is exactly
+  as before;
 - a TCP SYN of the node's own to the node port of a port with shared
   choosers (demo/web-np, eTP=Cluster) shows the `masquerade-nodeports`
   element KUBE-NODEPORTS #1 matched and the `service-nodeports` element,
@@ -30,17 +34,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from feed import intake
 
+from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import L4Protocol, ServicePortName
 from nftproxy.core.rules import names
 from nftproxy.core.trace import Packet
 from nftproxy.kernel import netns as nsutil
 from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.tools.dry_run import proxier_from_files
 from nftproxy.tools.trace_live import parse_event, removal, trace_chains
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "nftproxy" / "examples" / "cluster.yaml")
 NFTPROXY = [sys.executable, "-m", "nftproxy"]
 TARGET = ("10.96.0.53", 53)  # demo/dns:dns, UDP, three endpoints
+CIDRS = ("10.244.0.0/16", "fd00:244::/48")
 
 
 def test_monitor_lines_are_read() -> None:
@@ -85,9 +94,39 @@ def node(netns: str) -> Iterator[str]:
                  ["ip", "route", "add", "default", "dev", "out0"]):
         nsutil.exec_in(netns, argv, check=True)
     synced = nsutil.exec_in(netns, [*NFTPROXY, "sync", "--source", SAMPLE, "--cluster-cidr",
-                                    "10.244.0.0/16,fd00:244::/48"], check=False)
+                                    ",".join(CIDRS)], check=False)
     assert synced.returncode == 0, synced.stderr
     yield netns
+
+
+def _readd_by_partial_syncs(ns: str, services: tuple[str, ...]) -> None:
+    """A Proxier of the sample over `ns`'s table: its full sync, then a
+    partial sync deleting the demo `services` and one adding them again."""
+    with open(SAMPLE) as f:
+        items = yaml.safe_load(f)["items"]
+    chosen = [o for o in items
+              if o["kind"] == "Service" and o["metadata"]["name"] in services]
+    assert len(chosen) == len(services)
+    with NftBackend(netns=ns) as backend:
+        proxier = proxier_from_files([SAMPLE], ProxyConfig(cluster_cidrs=CIDRS), backend)
+        assert proxier.sync().full
+        events = intake(proxier)
+        for obj in chosen:
+            events.on_service(obj, None)
+        assert not proxier.sync().full
+        for obj in chosen:
+            events.on_service(None, obj)
+        assert not proxier.sync().full
+
+
+@pytest.fixture(params=["full", "partial"])
+def synced_by(node: str, request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(`node`, how demo/dns and demo/web-np were last written): by the
+    full sync, or by partial syncs (their destinations through the pick trees)."""
+    how: str = request.param
+    if how == "partial":
+        _readd_by_partial_syncs(node, ("dns", "web-np"))
+    return node, how
 
 
 def _table(ns: str) -> list[Any]:
@@ -129,7 +168,10 @@ def _send_udp(ns: str) -> None:
     nsutil.run_in(ns, send)
 
 
-def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(node: str) -> None:
+def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(
+    synced_by: tuple[str, str],
+) -> None:
+    node, how = synced_by
     before = _without_handles(_table(node))
     proc = _tracer(node, "--count", "1", "--timeout", "30")
     _wait_for_chains(node, proc)
@@ -141,15 +183,18 @@ def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(node
     assert lines[1].startswith("packet 1 (trace id ")
     # demo/dns is reached only at its cluster IP: the shared chooser for three
     # endpoints stands in for its KUBE-SVC, which the service-ips element names;
-    # the element is `continue`, and the pick tree leads to the chooser
+    # after a full sync the element is the goto to the chooser; after a
+    # partial one `continue`, and the pick tree leads to the chooser
     # (KUBE-SERVICES #1 marks the external destinations of shared choosers)
+    verdict = "continue" if how == "partial" else "goto dispatch-udp-a-3"
     assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#2"] and
-               "@service-ips: 10.96.0.53 . udp . 53 : continue" in line and
+               f"@service-ips: 10.96.0.53 . udp . 53 : {verdict}" in line and
                line.endswith("(demo/dns:dns KUBE-SVC-IXHL676EY46F5RLS)") for line in lines), out
-    assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#3"] and
-               "=> jump pick-vip-a" in line for line in lines), out
-    assert any(line.split()[1].startswith("pick-vip-a-") and
-               "=> goto dispatch-udp-a-3" in line for line in lines), out
+    through_tree = [any(line.split()[:3] == ["output", "KUBE-SERVICES", "#3"] and
+                        "=> jump pick-vip-a" in line for line in lines),
+                    any(line.split()[1].startswith("pick-vip-a-") and
+                        "=> goto dispatch-udp-a-3" in line for line in lines)]
+    assert through_tree == [how == "partial"] * 2, out
     assert any("dnat to 10.244." in line and "=> accept" in line for line in lines), out
     assert any(line.split()[:3] == ["output", "dispatch-udp-a-3", "#2"] and
                "@vip-endpoints-udp-a: 10.96.0.53 . 53 . " in line and
@@ -175,7 +220,10 @@ def _connect_tcp(ns: str, addr: str, port: int) -> None:
     nsutil.run_in(ns, send)
 
 
-def test_live_trace_names_kube_ext_of_a_node_port_with_a_shared_chooser(node: str) -> None:
+def test_live_trace_names_kube_ext_of_a_node_port_with_a_shared_chooser(
+    synced_by: tuple[str, str],
+) -> None:
+    node, how = synced_by
     proc = _tracer(node, "--count", "1", "--timeout", "30", target="192.168.50.1:30080/tcp")
     _wait_for_chains(node, proc)
     _connect_tcp(node, "192.168.50.1", 30080)
@@ -183,17 +231,19 @@ def test_live_trace_names_kube_ext_of_a_node_port_with_a_shared_chooser(node: st
     assert proc.returncode == 0, err
     lines = out.splitlines()
     # demo/web-np (eTP=Cluster): KUBE-NODEPORTS #1 marks it as its KUBE-EXT
-    # would, the service-nodeports element sends it on to the pick tree,
-    # which goes to the shared chooser
+    # would, the service-nodeports element goes to the shared chooser (after
+    # a partial sync: on to the pick tree, which goes to it)
     ext = names.external_chain(ServicePortName("demo", "web-np", "http", L4Protocol.TCP))
     assert any(line.split()[:3] == ["output", "KUBE-NODEPORTS", "#1"] and
                "@masquerade-nodeports: tcp . 30080" in line and
                line.endswith(f"(demo/web-np:http {ext})") for line in lines), out
+    verdict = "continue" if how == "partial" else "goto dispatch-nodeport-tcp-a-3"
     assert any(line.split()[:3] == ["output", "KUBE-NODEPORTS", "#2"] and
-               "@service-nodeports: tcp . 30080 : continue" in line and
+               f"@service-nodeports: tcp . 30080 : {verdict}" in line and
                line.endswith(f"(demo/web-np:http {ext})") for line in lines), out
     assert any(line.split()[1].startswith("pick-nodeport-a-") and
-               "=> goto dispatch-nodeport-tcp-a-" in line for line in lines), out
+               "=> goto dispatch-nodeport-tcp-a-3" in line for line in lines) == (
+        how == "partial"), out
     assert any(line.split()[1].startswith("dispatch-nodeport-tcp-a-") and
                "@nodeport-endpoints-tcp-a: 30080 . " in line and "KUBE-SEP-" in line
                for line in lines), out

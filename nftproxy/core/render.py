@@ -4,8 +4,12 @@ Layer: core, above rules and nft (pure). One job: the render step of a sync. Giv
 and endpoints maps of one family (a `StateSnapshot`), the node and the
 config, render the skeleton plus one fragment per service port (full), or
 only the fragments of the service ports a sync updated (partial; None for a
-port that is gone). Alongside, per rendered port, whether its internal and
-external traffic policies left it without a local endpoint (the
+port that is gone). A full render sends every shared destination to its
+chooser by a goto element; a partial one through the pick trees
+(rules/picks.py), whose plain elements a commit adds without the kernel
+re-validating the table, until the next full sync turns them back.
+Alongside, per rendered port, whether its internal and external traffic
+policies left it without a local endpoint (the
 sync_proxy_rules_no_local_endpoints_total gauge): a value, kept by the caller.
 """
 
@@ -58,9 +62,10 @@ class RenderedFamily:
 
 
 def _context(
-    family: IPFamily, config: ProxyConfig, node: NodeInfo, generation: str
+    family: IPFamily, config: ProxyConfig, node: NodeInfo, generation: str, pick_trees: bool
 ) -> RenderContext:
-    return RenderContext(family, config, node, local_detector(family, config, node), generation)
+    detector = local_detector(family, config, node)
+    return RenderContext(family, config, node, detector, generation, pick_trees)
 
 
 def _render_ports(
@@ -93,7 +98,7 @@ def render_full(
     fragments: dict[Owner, Fragment | None] = {
         SKELETON: render_skeleton(family, config, node, cidrs, generation)
     }
-    ctx = _context(family, config, node, generation)
+    ctx = _context(family, config, node, generation, pick_trees=False)
     ports, no_local = _render_ports(state, ctx, state.services)
     fragments.update(ports)
     return RenderedFamily(family, True, fragments, no_local)
@@ -153,9 +158,13 @@ def render_changed(
     node: NodeInfo,
     updated: Iterable[ServicePortName],
     generation: str = GENERATIONS[0],
+    *,
+    pick_trees: bool = True,
 ) -> RenderedFamily:
-    """The fragments of the `updated` ports only (sorted; None: gone)."""
-    ctx = _context(state.family, config, node, generation)
+    """The fragments of the `updated` ports only (sorted; None: gone): a
+    partial sync's, whose shared destinations go through the pick trees
+    (`pick_trees`; a full sync's chunks go to their choosers by goto)."""
+    ctx = _context(state.family, config, node, generation, pick_trees)
     fragments, no_local = _render_ports(state, ctx, sorted(updated))
     return RenderedFamily(state.family, False, fragments, no_local)
 
@@ -175,6 +184,8 @@ def render_fresh(
     yield {f: render_skeleton_only(s, config, node, cidrs, generation) for f, s in states.items()}
     for chunk in chunks(states.values(), min_endpoints):
         yield {
-            f: render_changed(s, config, node, chunk & s.services.keys(), generation)
+            f: render_changed(
+                s, config, node, chunk & s.services.keys(), generation, pick_trees=False
+            )
             for f, s in states.items()
         }

@@ -4,22 +4,24 @@ Layer: rules (pure). One job: the names, the skeleton objects and a port's
 elements of ruleset v10's pick trees (the shared choosers themselves are
 rules/dispatch.py's).
 
-A destination's element in `service-ips` / `service-nodeports` used to be a
-goto to its shared chooser, and a commit that adds a goto element makes the
-kernel re-validate the table's whole chain graph, walking every goto
-element of those maps (~9,500 at 10k x 10: most of adding a service). Now
-the element is `continue` (same key, same comment), the destination is an
-element of the plain set `shared-vips-<g>` / `shared-nodeports-<g>`, and its
-count N is spelled by its membership in `<set>-bit0`..`-bit5` (the bits of
-N - 1). All of them come in the table's generation, as the choosers and
-endpoints maps they lead to, so a resync in steps writes them chunk by
-chunk and its final step carries none of them. A plain element is never
-validated, so adding, changing or deleting such a destination is elements
-only. After the map, one skeleton rule jumps through the root map (`meta
-l4proto` -> the generation's tree root: the generation switches with the
-root's elements, as the dispatch maps switch at a resync's final step);
-the root returns what is not a member, and a member goes down a binary
-tree of 63 chains, one set lookup per level, to dispatch-<proto>-<g>-N:
+A destination's element in `service-ips` / `service-nodeports` is a goto to
+its shared chooser, and a commit that adds a goto element makes the kernel
+re-validate the table's whole chain graph, walking every goto element of
+those maps (~9,500 at 10k x 10: most of adding a service). So a partial
+sync (service.RenderContext.pick_trees) writes the element as `continue`
+(same key, same comment), makes the destination an element of the plain
+set `shared-vips-<g>` / `shared-nodeports-<g>`, and spells its count N by
+its membership in `<set>-bit0`..`-bit5` (the bits of N - 1). A plain
+element is never validated (nor is deleting a goto element), so adding,
+changing or deleting such a destination is elements only; the next full
+sync writes the goto again, so only what changed since pays the tree's
+lookups per new connection. The sets come in the table's generation, as
+the choosers and endpoints maps they lead to. After the map, one skeleton
+rule jumps through the root map (`meta l4proto` -> the generation's tree
+root: the generation switches with the root's elements, as the dispatch
+maps switch at a resync's final step); the root returns what is not a
+member, and a member goes down a binary tree of 63 chains, one set lookup
+per level, to dispatch-<proto>-<g>-N:
 
   KUBE-SERVICES:  meta l4proto vmap @shared-vips-root        (tcp : jump pick-vip-a)
   pick-vip-a:     ip daddr . l4proto . dport != @shared-vips-a return

@@ -76,6 +76,14 @@ class RenderContext:
     detector: LocalDetector | None
     generation: str = sk.GENERATIONS[0]
     """Which endpoints maps the chooser rules pick from (skeleton.GENERATIONS)."""
+    pick_trees: bool = False
+    """A shared destination's `service-ips` / `service-nodeports` element is
+    `continue` and the pick tree leads to its chooser (rules/picks.py: plain
+    elements, which a commit adds without the kernel re-validating the
+    table): what a partial sync renders. Else the element is a goto to the
+    chooser, one set lookup fewer per new connection: what a full sync
+    renders, so that every destination a partial sync changed goes back
+    to the goto at the next one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,23 +264,23 @@ def _shared_vip(
     key = _key(vip, port, port.port)
     map_name = dispatch.vip_endpoints_map(port.protocol, g, local=local)
     return [
-        *_to_chooser(table, key, chooser, comment, len(endpoints), g),
+        *_to_chooser(table, key, chooser, comment, len(endpoints), ctx),
         *_picked(p, map_name, (vip, port.port), endpoints),
     ]
 
 
 def _to_chooser(
-    table: str, key: Key, chooser: str, comment: str, count: int, generation: str
+    table: str, key: Key, chooser: str, comment: str, count: int, ctx: RenderContext
 ) -> list[Element]:
-    """A destination's way to its shared chooser: in `service-ips` /
-    `service-nodeports` a `continue` element and the pick tree's elements
-    (rules/picks.py: plain elements, which a commit adds without the
-    kernel re-validating the table), in an eTP=Local choosers map a goto."""
-    if table in _DISPATCH_MAPS:
+    """A destination's way to its shared chooser: a goto element in `table`,
+    or, where ctx.pick_trees and `table` is `service-ips` /
+    `service-nodeports`, a `continue` element and the pick tree's elements
+    (an eTP=Local choosers map always has the goto)."""
+    if ctx.pick_trees and table in _DISPATCH_MAPS:
         nodeport = table == sk.SERVICE_NODEPORTS
         return [
             Element(table, key, CONTINUE, comment),
-            *picks.selector_elements(key, count, generation, nodeport=nodeport),
+            *picks.selector_elements(key, count, ctx.generation, nodeport=nodeport),
         ]
     return [Element(table, key, Verdict("goto", chooser), comment)]
 
@@ -328,7 +336,7 @@ def _shared_nodeport(
     key = (port.protocol.nft, port.node_port)
     map_name = dispatch.nodeport_endpoints_map(port.protocol, g, local=local)
     return [
-        *_to_chooser(table, key, chooser, comment, len(endpoints), g),
+        *_to_chooser(table, key, chooser, comment, len(endpoints), ctx),
         *_picked(p, map_name, (port.node_port,), endpoints),
     ]
 
