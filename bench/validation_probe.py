@@ -129,7 +129,8 @@ def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str,
 
 
 _PRESENT_BEFORE = {"goto_to_continue"}
-"""Cases whose `do` changes an element that is there: their `undo` runs once first."""
+"""Cases whose `do` changes an element that is there: the last command of
+their `undo` (which adds it back) runs once first."""
 
 
 def main() -> int:
@@ -172,7 +173,7 @@ def main() -> int:
         bl.progress(f"{shape.label}: loaded; probing in {svc_chain} ({len(rules)} rules)")
         for case, (do, undo) in _cases(table, svc_chain, rules).items():
             if case in _PRESENT_BEFORE:
-                backend.commit(undo)
+                backend.commit(undo[-1:])
             times = []
             for _ in range(args.reps):
                 times.append(_timed(backend, do))
