@@ -155,8 +155,9 @@ _PICKED = frozenset({sk.SERVICE_IPS, sk.SERVICE_NODEPORTS})
 
 def _picked_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
     """Where the pick tree sends each destination of `set_name` (ruleset
-    v10: a shared port's `service-ips` / `service-nodeports` element is
-    `continue`; its count is in the bit sets, its generation in the root
+    v10: after a partial sync, a shared port's `service-ips` /
+    `service-nodeports` element is `continue`; its count is in the bit
+    sets, its generation in the root
     map: rules/picks.py), as the goto it stands for, by key."""
     nodeport = set_name == sk.SERVICE_NODEPORTS
     root = parsed.sets.get(picks.root_map(nodeport=nodeport), {}).get("elem", [])

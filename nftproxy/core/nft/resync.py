@@ -167,10 +167,11 @@ own traffic."""
 
 _PICKING = picks.root_maps()
 """The pick trees' root maps (new in ruleset v10; the trees' sets come in
-generations), added in step 0 with their elements, which jump to the new
-generation's tree: its root returns every destination until the chunks
-fill its membership set, and a ruleset v9 table's goto elements serve
-until the final step switches the verdict maps to `continue`."""
+generations), added in step 0 where a table of ruleset v9 lacks them,
+with their elements, which jump to the new generation's tree: its root
+returns every destination (a full sync fills no tree set: it writes
+gotos), and the table's goto elements serve until the final step
+switches the verdict maps to the new generation's gotos."""
 
 
 def _filled_in_steps(name: str) -> bool:
