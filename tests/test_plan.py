@@ -36,6 +36,7 @@ import pytest
 from builders import CONFIG, NODE, endpoint, render, service_port
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel import picked_chooser
 
 from nftproxy.core.model import (
     Endpoint,
@@ -746,6 +747,46 @@ def test_two_claimants_resolve_to_the_same_winner_whatever_the_order(order: str)
     partial(state, kernel, {A.name: None})
     assert _claimant(state, key) == names.service_chain(B.name)
     assert _target(state, (SAME_IP, 80, 0)) == EP2.ip
+    assert_same_as_full(state, kernel)
+
+
+def _tree_count(kernel: FakeBackend, key: tuple[str, str, int]) -> int:
+    """The endpoint count the kernel's pick tree spells for the
+    destination `key` (its membership and bit sets)."""
+    doc = kernel.list_table(TABLE.family, TABLE.name)
+    assert doc is not None
+    sets = {o["name"]: o.get("elem", []) for item in doc["nftables"]
+            for o in [item.get("set") or item.get("map")] if o}
+    return int(picked_chooser(sets, list(key)).rsplit("-", 1)[1])
+
+
+@pytest.mark.parametrize("order", ["a then b", "b then a", "together"])
+@pytest.mark.parametrize(("a_endpoints", "b_endpoints"), [
+    pytest.param([EP1], [EP2, EP3], id="the winner with fewer"),
+    pytest.param([EP1, EP2], [EP3], id="the winner with more"),
+])
+def test_two_claimants_through_the_pick_tree_spell_the_winners_count(
+    order: str, a_endpoints: list[Endpoint], b_endpoints: list[Endpoint]
+) -> None:
+    """Two ports claim one destination, both through partial syncs (a
+    `continue` element and the pick tree's), with different endpoint
+    counts: the tree spells the winner's count, no bit of the loser's mixed
+    in (each bit element is claimed on its own); when the winner leaves,
+    the loser's. A winner by goto (a full sync's) keeps the tree empty."""
+    state, kernel = fresh({SKELETON: SKEL})
+    fa: dict[Owner, Fragment | None] = {A.name: pfrag(A, a_endpoints)}
+    fb: dict[Owner, Fragment | None] = {B.name: pfrag(B, b_endpoints)}
+    for step in {"a then b": [fa, fb], "b then a": [fb, fa], "together": [{**fa, **fb}]}[order]:
+        partial(state, kernel, step)
+    key = (SAME_IP, "tcp", 80)
+    assert _tree_count(kernel, key) == len(a_endpoints)  # ns1/a sorts before ns2/b
+    assert_same_as_full(state, kernel)
+    partial(state, kernel, {A.name: frag(A, a_endpoints)})  # a full sync's goto
+    assert not [e for e in effective(state).values()
+                if e is not None and e.set_name.startswith("shared-vips-")]
+    assert_same_as_full(state, kernel)
+    partial(state, kernel, {A.name: None})
+    assert _tree_count(kernel, key) == len(b_endpoints)
     assert_same_as_full(state, kernel)
 
 

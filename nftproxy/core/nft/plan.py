@@ -40,6 +40,7 @@ from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.claims import ElementIndex, ElemId, Owner, Resolver, winner_of
 from nftproxy.core.nft.listing import ListedSet, TableListing
 from nftproxy.core.nft.ops import Table
+from nftproxy.core.rules import picks
 from nftproxy.core.rules.fragment import (
     Chain,
     CompactChain,
@@ -50,7 +51,7 @@ from nftproxy.core.rules.fragment import (
     SetDecl,
     compact,
 )
-from nftproxy.core.rules.skeleton import GENERATIONS
+from nftproxy.core.rules.skeleton import GENERATIONS, SERVICE_IPS, SERVICE_NODEPORTS
 
 __all__ = [
     "SKELETON",
@@ -152,8 +153,14 @@ class TableState:
         self.generation = fresh.generation
 
     def effective(self, elem_id: ElemId) -> Element | None:
-        """The element the kernel holds for the id: its winner's."""
+        """The element the kernel holds for the id: its winner's (a pick
+        tree's element: its destination's winner's, if it claims it)."""
         owner = self.index.winner(*elem_id)
+        leader = _leader(elem_id[0])
+        if leader is not None:
+            owner = self.index.winner(leader, elem_id[1])
+            if owner not in self.index.owners(*elem_id):
+                return None
         return None if owner is None else Resolver(self.fragments).element(owner, elem_id)
 
     def _drop_chain(self, name: str) -> None:
@@ -374,17 +381,19 @@ def _diff_elements(b: _Batch, state: TableState, changes: Mapping[Owner, _Change
     effective changes (a new winner with the same verdict too: its comment
     names the owner, which `dump` reads). Returns the number of element changes."""
     committed, n = Resolver(state.fragments), 0
-    for elem_id, slot in _touched(changes).items():
-        if isinstance(slot[1], Element) and state.index.winner(*elem_id) is None:
+    touched = _touched(changes)
+    _touch_trees(state, touched)
+    leaders = _leaders(state.generation)
+    for elem_id, slot in touched.items():
+        leader = leaders.get(elem_id[0])
+        if leader is not None:
+            before, after = _settled_tree(state, touched, elem_id, leader, committed)
+        elif isinstance(slot[1], Element) and state.index.winner(*elem_id) is None:
             b.add_elems.setdefault(elem_id[0], []).append(slot[1])  # new, nobody else's
             n += 1
             continue
-        olds, news = _as_claims(slot)
-        owners = state.index.owners(*elem_id)
-        stay = [o for o in owners if o not in olds]
-        before = _claimed(owners[0], elem_id, olds, committed) if owners else None
-        winner = winner_of([*stay, *news])
-        after = None if winner is None else _claimed(winner, elem_id, news, committed)
+        else:
+            before, after = _settled(state, elem_id, _as_claims(slot), committed)
         if before == after:
             continue
         if before is not None:
@@ -394,6 +403,84 @@ def _diff_elements(b: _Batch, state: TableState, changes: Mapping[Owner, _Change
             b.add_elems.setdefault(elem_id[0], []).append(after)
             n += 1
     return n
+
+
+def _settled(
+    state: TableState, elem_id: ElemId, claims: _Claims, committed: Resolver
+) -> tuple[Element | None, Element | None]:
+    """The id's effective element before and after the stage: its winner's."""
+    olds, news = claims
+    owners = state.index.owners(*elem_id)
+    stay = [o for o in owners if o not in olds]
+    before = _claimed(owners[0], elem_id, olds, committed) if owners else None
+    winner = winner_of([*stay, *news])
+    after = None if winner is None else _claimed(winner, elem_id, news, committed)
+    return before, after
+
+
+def _leader(set_name: str) -> str | None:
+    """The dispatch map whose winner decides a pick tree's element
+    (rules/picks.py): a destination's membership and count bits are its
+    winner's, never mixed with another claimant's, whose count may differ."""
+    kind = picks.tree_kind(set_name)
+    return None if kind is None else SERVICE_NODEPORTS if kind else SERVICE_IPS
+
+
+_TREES_OF = {SERVICE_IPS: False, SERVICE_NODEPORTS: True}
+"""Dispatch map -> the kind of pick tree its `continue` elements lead to."""
+
+
+def _leaders(generation: str) -> dict[str, str]:
+    """`_leader` of each pick-tree set of the generation (what partial
+    syncs render), looked up once per element id."""
+    return {
+        tree: leader
+        for leader, nodeport in _TREES_OF.items()
+        for tree in picks.tree_sets(generation, nodeport=nodeport)
+    }
+
+
+def _touch_trees(state: TableState, touched: dict[ElemId, _Slot]) -> None:
+    """Add to `touched` the pick-tree ids of each touched destination that
+    two or more owners claim: whoever wins it decides them all, also those
+    of owners that did not change."""
+    destinations = [(n, k, slot) for (n, k), slot in touched.items() if n in _TREES_OF]
+    for name, key, slot in destinations:
+        if len({*state.index.owners(name, key), *_as_claims(slot)[1]}) < 2:
+            continue
+        for tree in picks.tree_sets(state.generation, nodeport=_TREES_OF[name]):
+            _claims_of(touched, (tree, key))
+
+
+def _settled_tree(
+    state: TableState,
+    touched: Mapping[ElemId, _Slot],
+    elem_id: ElemId,
+    leader: str,
+    committed: Resolver,
+) -> tuple[Element | None, Element | None]:
+    """A pick tree's element before and after the stage: the element of the
+    winner of its destination's `leader` key, where that winner claims it."""
+    lead_id = (leader, elem_id[1])
+    lead = touched.get(lead_id)
+    lead_olds, lead_news = ({}, {}) if lead is None else _as_claims(lead)
+    lead_owners = state.index.owners(*lead_id)
+    before_winner = lead_owners[0] if lead_owners else None
+    after_winner = winner_of([*(o for o in lead_owners if o not in lead_olds), *lead_news])
+    olds, news = _as_claims(touched[elem_id])
+    owners = state.index.owners(*elem_id)
+    before = (
+        _claimed(before_winner, elem_id, olds, committed)
+        if before_winner is not None and before_winner in owners
+        else None
+    )
+    stay = [o for o in owners if o not in olds]
+    after = (
+        _claimed(after_winner, elem_id, news, committed)
+        if after_winner is not None and (after_winner in news or after_winner in stay)
+        else None
+    )
+    return before, after
 
 
 def stage_partial(
@@ -492,9 +579,18 @@ def _add_winners(
     """Add each of the `rendered` elements its owner wins in `index`, each
     once (where an owner rendered a key twice, its last)."""
     for owner, elements in rendered:
-        won = {(e.set_name, e.key): e for e in index.won(owner, elements)}
+        won = {
+            (e.set_name, e.key): e for e in index.won(owner, elements) if _leads(index, owner, e)
+        }
         for e in won.values():
             b.add_elems.setdefault(e.set_name, []).append(e)
+
+
+def _leads(index: ElementIndex, owner: Owner, e: Element) -> bool:
+    """Whether `owner` wins the destination of its element `e` where `e` is
+    a pick tree's (`_leader`); True for any other element."""
+    leader = _leader(e.set_name)
+    return leader is None or index.winner(leader, e.key) == owner
 
 
 def stage_full(
