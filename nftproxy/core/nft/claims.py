@@ -6,7 +6,7 @@ shared set: one port deleted and one created with the same cluster IP in
 one sync, two ports of one endpoint in `hairpin-endpoints`. The owner whose
 name sorts first wins, deterministically, and the next takes over when it
 leaves. (A pick tree's membership and bit elements follow the winner of
-their destination's dispatch-map key instead: plan.py `_leader`.)
+their destination's dispatch-map key instead: plan.py `_LEADERS`.)
 
 The index holds owners, not elements: an owner's elements are in its
 committed fragment (`Resolver`), and a table of 10,000 services x 10

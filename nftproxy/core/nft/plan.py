@@ -156,7 +156,7 @@ class TableState:
         """The element the kernel holds for the id: its winner's (a pick
         tree's element: its destination's winner's, if it claims it)."""
         owner = self.index.winner(*elem_id)
-        leader = _leader(elem_id[0])
+        leader = _LEADERS.get(elem_id[0])
         if leader is not None:
             owner = self.index.winner(leader, elem_id[1])
             if owner not in self.index.owners(*elem_id):
@@ -383,9 +383,8 @@ def _diff_elements(b: _Batch, state: TableState, changes: Mapping[Owner, _Change
     committed, n = Resolver(state.fragments), 0
     touched = _touched(changes)
     _touch_trees(state, touched)
-    leaders = _leaders(state.generation)
     for elem_id, slot in touched.items():
-        leader = leaders.get(elem_id[0])
+        leader = _LEADERS.get(elem_id[0])
         if leader is not None:
             before, after = _settled_tree(state, touched, elem_id, leader, committed)
         elif isinstance(slot[1], Element) and state.index.winner(*elem_id) is None:
@@ -418,26 +417,18 @@ def _settled(
     return before, after
 
 
-def _leader(set_name: str) -> str | None:
-    """The dispatch map whose winner decides a pick tree's element
-    (rules/picks.py): a destination's membership and count bits are its
-    winner's, never mixed with another claimant's, whose count may differ."""
-    kind = picks.tree_kind(set_name)
-    return None if kind is None else SERVICE_NODEPORTS if kind else SERVICE_IPS
-
-
 _TREES_OF = {SERVICE_IPS: False, SERVICE_NODEPORTS: True}
 """Dispatch map -> the kind of pick tree its `continue` elements lead to."""
 
-
-def _leaders(generation: str) -> dict[str, str]:
-    """`_leader` of each pick-tree set of the generation (what partial
-    syncs render), looked up once per element id."""
-    return {
-        tree: leader
-        for leader, nodeport in _TREES_OF.items()
-        for tree in picks.tree_sets(generation, nodeport=nodeport)
-    }
+_LEADERS = {
+    tree: leader
+    for leader, nodeport in _TREES_OF.items()
+    for generation in GENERATIONS
+    for tree in picks.tree_sets(generation, nodeport=nodeport)
+}
+"""Each pick tree's membership and bit set -> the dispatch map whose winner
+decides its elements (rules/picks.py): a destination's count bits are its
+winner's, never mixed with another claimant's, whose count may differ."""
 
 
 def _touch_trees(state: TableState, touched: dict[ElemId, _Slot]) -> None:
@@ -588,8 +579,8 @@ def _add_winners(
 
 def _leads(index: ElementIndex, owner: Owner, e: Element) -> bool:
     """Whether `owner` wins the destination of its element `e` where `e` is
-    a pick tree's (`_leader`); True for any other element."""
-    leader = _leader(e.set_name)
+    a pick tree's (`_LEADERS`); True for any other element."""
+    leader = _LEADERS.get(e.set_name)
     return leader is None or index.winner(leader, e.key) == owner
 
 

@@ -60,7 +60,6 @@ __all__ = [
     "selector_rule",
     "selector_sets",
     "shared_set",
-    "tree_kind",
     "tree_sets",
 ]
 
@@ -237,10 +236,7 @@ def generation_sets(generations: tuple[str, ...]) -> dict[str, str]:
         name: g
         for nodeport in _BOTH
         for g in generations
-        for name in (
-            shared_set(g, nodeport=nodeport),
-            *(count_bit_set(b, g, nodeport=nodeport) for b in range(COUNT_BITS)),
-        )
+        for name in tree_sets(g, nodeport=nodeport)
     }
 
 
@@ -248,22 +244,3 @@ def tree_sets(generation: str, *, nodeport: bool) -> tuple[str, ...]:
     """The generation's membership set and count bit sets of one kind."""
     bits = (count_bit_set(b, generation, nodeport=nodeport) for b in range(COUNT_BITS))
     return (shared_set(generation, nodeport=nodeport), *bits)
-
-
-def tree_kind(set_name: str) -> bool | None:
-    """Whether `set_name` is a membership or bit set of the node ports'
-    trees (True) or the VIPs' (False); None for any other name (the root
-    maps included)."""
-    for nodeport in _BOTH:
-        prefix = _shared(nodeport) + "-"
-        if set_name.startswith(prefix) and _is_tree_suffix(set_name[len(prefix) :]):
-            return nodeport
-    return None
-
-
-def _is_tree_suffix(rest: str) -> bool:
-    """"a" (a generation's membership set) or "a-bit3" (a bit set)."""
-    generation, sep, bit = rest.partition("-bit")
-    if len(generation) != 1 or not generation.isalpha():
-        return False
-    return not sep or (bit.isdigit() and int(bit) < COUNT_BITS)
