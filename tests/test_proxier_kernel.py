@@ -52,8 +52,8 @@ def backend(netns: str) -> Iterator[NftBackend]:
         yield b
 
 
-def fed(backend: NftBackend, objects: dict[str, dict[str, Any]]) -> Proxier:
-    proxier = Proxier(CONFIG, backend)
+def fed(backend: NftBackend, objects: dict[str, dict[str, Any]], **proxier_args: Any) -> Proxier:
+    proxier = Proxier(CONFIG, backend, **proxier_args)
     intake(proxier).on_node(node(NODE, ["192.168.50.1", "fd00:50::1"], pod_cidrs=["10.244.0.0/24"]))
     for key, obj in objects.items():
         if key.startswith("svc/"):

@@ -99,6 +99,14 @@ class ElementList(Sequence[Any]):
         self._elements = tuple(elements)
         self._with_comment = with_comment
 
+    @property
+    def elements(self) -> tuple[Element, ...]:
+        return self._elements
+
+    @property
+    def with_comment(self) -> bool:
+        return self._with_comment
+
     def __len__(self) -> int:
         return len(self._elements)
 

@@ -1,0 +1,130 @@
+"""In the kernel, a sync sent in nft's syntax makes what the same sync in JSON makes.
+
+Aspects (core/nft/nfttext.py, kernel/libnftables.py): the same Proxier
+history -- a full sync of the example cluster and of the proxier tests'
+sample (affinity, source ranges, eTP=Local, UDP, dual-stack), then partial
+syncs that add, change and delete -- in two namespaces, one backend sending
+nft syntax and one sending JSON only, leaves listings equal object for
+object, comments and rule order included; a first start in chunks too; and
+a transaction nft's syntax cannot say (a name that is one of nft's
+keywords) goes in JSON, and a refusal is the JSON's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import kernel
+import pytest
+from feed import intake
+from k8s import endpoint_slice, service
+from test_proxier_kernel import fed, sample
+
+from nftproxy.agent.proxier import Proxier
+from nftproxy.core.config import ProxyConfig
+from nftproxy.core.nft.errors import NftNotFound
+from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.tools.dry_run import proxier_from_files
+
+EXAMPLE = "nftproxy/examples/cluster.yaml"
+
+
+def ruleset(ns: str) -> list[dict[str, Any]]:
+    """`nft -j list ruleset`, in order, without handles."""
+    items = json.loads(kernel.nft(ns, "-j", "list", "ruleset"))["nftables"]
+    out = []
+    for item in items:
+        for kind, body in item.items():
+            if isinstance(body, dict):
+                body = {k: v for k, v in body.items() if k != "handle"}
+            out.append({kind: body})
+    return out
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[tuple[str, NftBackend], tuple[str, NftBackend]]]:
+    """(namespace, backend) sending nft syntax, and one sending JSON only."""
+    with (
+        kernel.fresh_netns() as ns_text,
+        kernel.fresh_netns() as ns_json,
+        NftBackend(netns=ns_text) as text,
+        NftBackend(netns=ns_json, nft_syntax=False) as json_only,
+    ):
+        yield (ns_text, text), (ns_json, json_only)
+
+
+Pair = tuple[tuple[str, NftBackend], tuple[str, NftBackend]]
+
+
+def test_the_example_cluster_programs_the_same_tables(pair: Pair) -> None:
+    (ns_text, text), (ns_json, json_only) = pair
+    config = ProxyConfig(node_name="", table_name="nftproxy")
+    for backend in (text, json_only):
+        assert proxier_from_files([EXAMPLE], config, backend).sync().full
+    programmed = ruleset(ns_text)
+    assert len(programmed) > 100 and "KUBE-SVC-" in json.dumps(programmed)
+    assert programmed == ruleset(ns_json)
+
+
+def _history(proxier: Proxier) -> Iterator[None]:
+    """Partial syncs: add a service, change an affinity port's endpoints,
+    delete a service."""
+    objects = sample()
+    extra_svc = service("extra", "10.96.0.40", ports=[("http", 80, "TCP"), ("dns", 53, "UDP")])
+    extra_eps = endpoint_slice("extra", ["10.244.0.21", "10.244.2.22"])
+    intake(proxier).on_service(None, extra_svc)
+    intake(proxier).on_endpoint_slice(None, extra_eps)
+    yield
+    sticky = endpoint_slice("sticky", ["10.244.0.11", "10.244.0.13", "10.244.3.14"])
+    intake(proxier).on_endpoint_slice(objects["eps/sticky"], sticky)
+    yield
+    intake(proxier).on_service(objects["svc/lb"], None)
+    intake(proxier).on_endpoint_slice(objects["eps/lb"], None)
+    yield
+
+
+def test_a_history_of_partial_syncs_programs_the_same_tables(pair: Pair) -> None:
+    (ns_text, text), (ns_json, json_only) = pair
+    proxiers = [fed(text, sample()), fed(json_only, sample())]
+    for p in proxiers:
+        assert p.sync().full
+    assert ruleset(ns_text) == ruleset(ns_json)
+    for _ in zip(*map(_history, proxiers), strict=True):
+        reports = [p.sync() for p in proxiers]
+        assert not any(r.full for r in reports) and reports[0].ops == reports[1].ops > 0
+        assert ruleset(ns_text) == ruleset(ns_json)
+
+
+def test_a_first_start_in_chunks_programs_the_same_tables(pair: Pair) -> None:
+    (ns_text, text), (ns_json, json_only) = pair
+    objects = {}
+    for i in range(40):
+        affinity = 60 if i % 7 else None
+        objects[f"svc/s{i}"] = service(f"s{i}", f"10.96.1.{i}", affinity_timeout=affinity)
+        objects[f"eps/s{i}"] = endpoint_slice(f"s{i}", [f"10.244.0.{i}", f"10.244.1.{i}"])
+    for backend in (text, json_only):
+        assert fed(backend, objects, fresh_chunk=10).sync().full
+    assert ruleset(ns_text) == ruleset(ns_json)
+
+
+def test_a_transaction_nft_syntax_cannot_say_goes_in_json(
+    netns: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`mark` is one of nft's keywords, and nft's syntax quotes no names: a
+    chain so named is refused in nft syntax and taken in JSON, and the
+    backend sends JSON from then on; a refusal in both raises the JSON's."""
+    table = {"family": "ip", "name": "t"}
+    chain = {"family": "ip", "table": "t", "name": "mark"}
+    with NftBackend(netns=netns) as backend, caplog.at_level(logging.WARNING):
+        backend.commit([{"add": {"table": table}}, {"add": {"chain": chain}}])
+        assert caplog.text.count("sending JSON from now on") == 1
+        backend.commit([{"add": {"chain": {**chain, "name": "ip"}}}])
+        assert caplog.text.count("sending JSON from now on") == 1
+    assert "chain mark" in kernel.nft(netns, "list", "table", "ip", "t")
+    with NftBackend(netns=netns) as backend, caplog.at_level(logging.WARNING):
+        with pytest.raises(NftNotFound):
+            backend.commit([{"delete": {"chain": {**chain, "name": "gone"}}}])
+        assert caplog.text.count("sending JSON from now on") == 1
