@@ -7,7 +7,9 @@ syncs that add, change and delete -- in two namespaces, one backend sending
 nft syntax and one sending JSON only, leaves listings equal object for
 object, comments and rule order included; a first start in chunks too; and
 a transaction nft's syntax cannot say (a name that is one of nft's
-keywords) goes in JSON, and a refusal is the JSON's.
+keywords) goes in JSON, and a refusal is the JSON's; and `sync` refuses
+a table name nft's syntax cannot say, as a config error (libnftables
+1.0.6 declares some sets in nft syntax, so it could never program it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from nftproxy.agent.proxier import Proxier
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.nft.errors import NftNotFound
 from nftproxy.kernel.libnftables import NftBackend
+from nftproxy.kernel.netns import run_in
+from nftproxy.tools import cli
 from nftproxy.tools.dry_run import proxier_from_files
 
 EXAMPLE = "nftproxy/examples/cluster.yaml"
@@ -128,3 +132,25 @@ def test_a_transaction_nft_syntax_cannot_say_goes_in_json(
         with pytest.raises(NftNotFound):
             backend.commit([{"delete": {"chain": {**chain, "name": "gone"}}}])
         assert caplog.text.count("sending JSON from now on") == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "sayable"),
+    [("nftproxy", True), ("kube-proxy", True), ("filter", True), ("mark", False), ("ip", False)],
+)
+def test_nft_syntax_says_every_table_name_but_its_keywords(
+    netns: str, name: str, sayable: bool
+) -> None:
+    with NftBackend(netns=netns) as backend:
+        assert backend.parses_table_name(name) is sayable
+    assert kernel.nft(netns, "list", "tables") == "", "a dry run programs nothing"
+
+
+def test_sync_refuses_a_table_name_nft_syntax_cannot_say(
+    netns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sync", "--source", EXAMPLE, "--table-name", "mark"]
+    assert run_in(netns, cli.main, argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nftproxy: config: tableName 'mark' is a word of nft's own syntax")
+    assert kernel.nft(netns, "list", "tables") == ""

@@ -205,15 +205,20 @@ _TYPEOF_PROBE = {
 }
 
 
+def _dry_run(ctx: Any, text: str) -> int:
+    """libnftables' rc for `text`, parsed and evaluated, not sent to the kernel."""
+    ctx.set_dry_run(True)
+    try:
+        rc, _, _ = _run(ctx, text)
+    finally:
+        ctx.set_dry_run(False)
+    return rc
+
+
 def _accepts_typeof(ctx: Any) -> bool:
     """Whether this libnftables' JSON declares sets by typeof: a dry run
     (nothing reaches the kernel); 1.0.6 refuses it as "Invalid set datatype"."""
-    ctx.set_dry_run(True)
-    try:
-        rc, _, _ = _run(ctx, json.dumps(_TYPEOF_PROBE))
-    finally:
-        ctx.set_dry_run(False)
-    return rc == 0
+    return _dry_run(ctx, json.dumps(_TYPEOF_PROBE)) == 0
 
 
 def _run_terse(ctx: Any, text: str) -> tuple[int, str, str]:
@@ -291,6 +296,14 @@ class NftBackend(_netns.WorkerOwner[Any]):
         if self._typeof is None:
             self._typeof = self._call(_accepts_typeof)
         return self._typeof
+
+    def parses_table_name(self, name: str) -> bool:
+        """Whether nft's syntax can say `name` as a table name (a dry run:
+        nothing reaches the kernel). It cannot when the name is one of nft's
+        keywords (`mark`, `ip`, `eq` ...; the list grows with the version),
+        and 1.0.6 declares some sets in nft syntax (core/nft/ops.py
+        `declare_text`), so such a table cannot be programmed there."""
+        return self._call(lambda ctx: _dry_run(ctx, f"add table ip {name}")) == 0
 
     def generation(self) -> int:
         """The ruleset generation of the backend's namespace (kernel/nftgen.py)."""

@@ -200,6 +200,9 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
     except (SourceError, _StartError) as exc:
         print(f"nftproxy: run: {exc}", file=sys.stderr)
         return 1
+    with NftBackend() as probe:
+        if (rc := _unsayable_table_name(probe, config)) is not None:
+            return rc
     tune_malloc()  # before the backend creates its libnftables context
     agent = Agent(
         config,
@@ -229,6 +232,16 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _unsayable_table_name(backend: NftBackend, config: ProxyConfig) -> int | None:
+    """2, with a config error, when nft's syntax cannot say the table's name
+    (one of nft's keywords: libnftables 1.0.6 could never program it)."""
+    if backend.parses_table_name(config.table_name):
+        return None
+    print(f"nftproxy: config: tableName {config.table_name!r} is a word of nft's own syntax, "
+          "which libnftables cannot parse as a table name; choose another", file=sys.stderr)
+    return 2
 
 
 class _StartError(Exception):
@@ -332,6 +345,8 @@ def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
     if (root := _needs_root("sync")) is not None:
         return root
     with NftBackend() as backend:
+        if (rc := _unsayable_table_name(backend, config)) is not None:
+            return rc
         try:
             proxier = proxier_from_files(args.source, config, backend)
             _read_host_addresses(proxier)
