@@ -38,8 +38,8 @@ goes in JSON): libnftables parses and evaluates it in less time (a first
 sync at 10,000 x 10: 0.6 s less of its 2.6-3.5 s on 1.1.3). A transaction
 refused in nft syntax is sent again in JSON, whose refusal is the one
 raised; if the JSON is taken instead, the backend sends JSON from then on
-(a table name that is one of nft's keywords, such as `filter`, cannot be
-written in nft's syntax, which has no quoting for names).
+(a name that is one of nft's keywords, such as `mark`, cannot be written
+in nft's syntax, which has no quoting for names).
 
 Known limits:
 - command_index is None for kernel errors (libnftables 1.0.6 names no

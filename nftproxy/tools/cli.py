@@ -200,10 +200,10 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
     except (SourceError, _StartError) as exc:
         print(f"nftproxy: run: {exc}", file=sys.stderr)
         return 1
+    tune_malloc()  # before a libnftables context exists
     with NftBackend() as probe:
         if (rc := _unsayable_table_name(probe, config)) is not None:
             return rc
-    tune_malloc()  # before the backend creates its libnftables context
     agent = Agent(
         config,
         backend=NftBackend(),

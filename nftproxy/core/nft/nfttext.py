@@ -97,16 +97,26 @@ def _quoted(text: Any) -> str:
     return f'"{text}"'
 
 
+def _only(spec: Mapping[str, Any], *fields: str) -> None:
+    """A field this module would not write (a rule's position, a chain's
+    device ...) is one it cannot drop silently."""
+    extra = set(spec) - {"family", "table", "name", *fields}
+    if extra:
+        raise NoText(f"fields {sorted(extra)}")
+
+
 def _comment(spec: Mapping[str, Any]) -> str:
     comment = spec.get("comment")
     return f" comment {_quoted(comment)}" if comment else ""
 
 
 def _table(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
+    _only(spec)
     return f"{verb} table {_where({'family': spec.get('family'), 'table': spec['name']})}"
 
 
 def _chain(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
+    _only(spec, "type", "hook", "prio", "policy")
     text = f"{verb} chain {_where(spec)} {_name(spec['name'])}"
     if "hook" not in spec:
         return text
@@ -120,15 +130,18 @@ def _chain(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
 
 
 def _set(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
+    _only(spec)
     return f"{verb} {kind} {_where(spec)} {_name(spec['name'])}"
 
 
 def _rule(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
+    _only(spec, "chain", "expr", "comment")
     statements = " ".join([_statement(s) for s in spec["expr"]])
     return f"add rule {_where(spec)} {_name(spec['chain'])} {statements}{_comment(spec)}"
 
 
 def _element(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
+    _only(spec, "elem")
     elems = spec["elem"]
     if isinstance(elems, ElementList):
         comments = elems.with_comment
