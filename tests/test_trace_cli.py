@@ -10,13 +10,15 @@ Aspects:
   interpret, exit 1; without --source it needs root;
 - live: on a node programmed by `nftproxy sync`, tracing the programmed
   tables gives the same answer as tracing the files (kernel test);
-- README's trace examples are the command's real output.
+- README's trace examples are the command's real output;
+- the parser every `nftproxy` builds loads no trace interpreter.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,10 @@ from typing import Any
 import pytest
 from test_cli import _no_node_name_env, not_root  # noqa: F401  (fixtures, shared)
 
+from nftproxy.core.trace.packet import Origin
 from nftproxy.kernel import netns as nsutil
 from nftproxy.tools import cli
+from nftproxy.tools.trace_flags import ORIGINS
 
 SAMPLE = str(Path(__file__).resolve().parents[1] / "nftproxy" / "examples" / "cluster.yaml")
 PODS = "10.244.0.0/16,fd00:244::/48"
@@ -185,3 +189,19 @@ def test_readme_examples_are_real_output(
         assert cli.main(argv) == 0
         printed = [line for line in capsys.readouterr().out.splitlines() if line]
         assert printed[: len(shown)] == shown, argv
+
+
+def test_the_trace_flags_offer_every_origin() -> None:
+    assert tuple(o.value for o in Origin) == ORIGINS
+
+
+def test_the_command_line_loads_the_interpreter_only_for_trace_and_dump() -> None:
+    """Every `nftproxy` builds the whole parser: the agent's start must not
+    pay for the trace interpreter (tools/trace_flags.py)."""
+    code = (
+        "import sys, nftproxy.tools.cli; print(sorted(m for m in sys.modules if m.startswith("
+        "('nftproxy.core.trace', 'nftproxy.tools.dump')) or m in "
+        "('nftproxy.tools.trace', 'nftproxy.tools.trace_live')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -57,10 +57,8 @@ from nftproxy.tools.cli_flags import agent_flags, flag_overrides, ruleset_flags,
 from nftproxy.tools.config_load import build_config, load_config_file
 from nftproxy.tools.config_values import ConfigError
 from nftproxy.tools.dry_run import dry_run, proxier_from_files
-from nftproxy.tools.dump import parse_table, render_text
 from nftproxy.tools.log import setup_logging
-from nftproxy.tools.trace import add_parser as add_trace_parser
-from nftproxy.tools.trace import command as trace_command
+from nftproxy.tools.trace_flags import add_parser as add_trace_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -372,6 +370,8 @@ def _read_host_addresses(proxier: Proxier) -> None:
 def _cmd_dump(args: argparse.Namespace, config: ProxyConfig) -> int:
     if (rc := _needs_root("dump")) is not None:
         return rc
+    from nftproxy.tools.dump import parse_table, render_text  # only `dump` reads a table
+
     views = []
     with NftBackend() as backend:
         for family in ("ip", "ip6"):
@@ -394,7 +394,9 @@ def _cmd_trace(args: argparse.Namespace, config: ProxyConfig) -> int:
     """tools/trace.py; the live tables need root, --source FILE does not."""
     if not args.source and (rc := _needs_root("trace")) is not None:
         return rc
-    return trace_command(args, config)
+    from nftproxy.tools.trace import command  # the interpreter: only `trace` runs it
+
+    return command(args, config)
 
 
 def _cmd_cleanup(args: argparse.Namespace, config: ProxyConfig) -> int:
