@@ -404,15 +404,21 @@ def _diff_elements(b: _Batch, state: TableState, changes: Mapping[Owner, _Change
     return n
 
 
+def _winners(owners: Sequence[Owner], claims: _Claims) -> tuple[Owner | None, Owner | None]:
+    """An id's winner before the stage (the first of its `owners`) and after
+    it (of the owners that stay and the new claims)."""
+    olds, news = claims
+    stay = [o for o in owners if o not in olds]
+    return (owners[0] if owners else None), winner_of([*stay, *news])
+
+
 def _settled(
     state: TableState, elem_id: ElemId, claims: _Claims, committed: Resolver
 ) -> tuple[Element | None, Element | None]:
     """The id's effective element before and after the stage: its winner's."""
     olds, news = claims
-    owners = state.index.owners(*elem_id)
-    stay = [o for o in owners if o not in olds]
-    before = _claimed(owners[0], elem_id, olds, committed) if owners else None
-    winner = winner_of([*stay, *news])
+    first, winner = _winners(state.index.owners(*elem_id), claims)
+    before = None if first is None else _claimed(first, elem_id, olds, committed)
     after = None if winner is None else _claimed(winner, elem_id, news, committed)
     return before, after
 
@@ -454,10 +460,8 @@ def _settled_tree(
     winner of its destination's `leader` key, where that winner claims it."""
     lead_id = (leader, elem_id[1])
     lead = touched.get(lead_id)
-    lead_olds, lead_news = ({}, {}) if lead is None else _as_claims(lead)
-    lead_owners = state.index.owners(*lead_id)
-    before_winner = lead_owners[0] if lead_owners else None
-    after_winner = winner_of([*(o for o in lead_owners if o not in lead_olds), *lead_news])
+    lead_claims: _Claims = ({}, {}) if lead is None else _as_claims(lead)
+    before_winner, after_winner = _winners(state.index.owners(*lead_id), lead_claims)
     olds, news = _as_claims(touched[elem_id])
     owners = state.index.owners(*elem_id)
     before = (
