@@ -148,7 +148,7 @@ def _new_context() -> Any:
     return ctx
 
 
-def _transaction(commands: Sequence[Mapping[str, Any]], *, nft_syntax: bool = True) -> str:
+def _transaction(commands: Sequence[Mapping[str, Any]], *, nft_syntax: bool) -> str:
     """The text libnftables is given: nft's own syntax when asked and every
     command has one (core/nft/nfttext.py: parsed in less time), else JSON."""
     if nft_syntax:

@@ -192,8 +192,7 @@ def _element_value(e: Element, with_comment: bool) -> str:
         return text
     if isinstance(value, Target):
         return f"{text} : {value.ip} . {value.port}"
-    verdict = _verdict_word(value.kind)
-    return f"{text} : {verdict} {_name(value.target)}" if value.target else f"{text} : {verdict}"
+    return f"{text} : {_verdict(value.to_json())}"
 
 
 def _element_json(elem: Any) -> str:
@@ -332,19 +331,13 @@ def _value(node: Any) -> str:
 _VERDICTS = ("accept", "drop", "return", "continue", "jump", "goto")
 
 
-def _verdict_word(kind: str) -> str:
-    if kind not in _VERDICTS:
-        raise NoText(f"verdict {kind!r}")
-    return kind
-
-
 def _verdict(node: Mapping[str, Any]) -> str:
     ((kind, body),) = node.items()
     if kind in ("jump", "goto"):
         return f"{kind} {_name(body['target'])}"
-    if body is not None:
+    if body is not None or kind not in _VERDICTS:
         raise NoText(f"verdict {node!r}")
-    return _verdict_word(kind)
+    return str(kind)
 
 
 def _match(body: Mapping[str, Any]) -> str:
