@@ -234,6 +234,40 @@ def test_first_list_is_paged_complete_and_then_synced_once(
     assert source.stats["services"].objects == 1200
 
 
+def test_a_first_list_is_delivered_page_by_page_and_a_failed_page_repeats_nothing(
+    api: FakeApiServer,
+) -> None:
+    for i in range(1200):
+        api.create(svc(f"s{i:04}", f"10.96.{i // 250}.{i % 250 + 1}"))
+    rec = Recorder()
+    pages_asked: list[int] = []  # at each delivered service: list requests made so far
+    on_service = rec.on_service
+
+    def noting(previous: Obj | None, current: Obj | None) -> None:
+        if not pages_asked:  # the first page's first add: its second page is cut off
+            api.fail_requests(1, resource="services", status=None)
+        pages_asked.append(len(lists(api, "services")))
+        on_service(previous, current)
+
+    rec.on_service = noting  # type: ignore[method-assign]
+    source = KubeSource(api.api_client(), rec, node_name=NODE, sleep=Sleeps(),
+                        random=lambda: 0.5)
+    source.start()
+    try:
+        wait_until(lambda: synced(rec), what="initial sync")
+    finally:
+        source.stop()
+    # the first page's 500 adds came before its second page was answered
+    assert pages_asked[:500] == [1] * 500
+    assert pages_asked[500] > 2  # the cut-off page, then the list again from its start
+    service_log = [op for kind, op, _ in rec.log if kind in ("service", KIND_SERVICES)]
+    assert service_log == ["add"] * 1200 + ["synced"]  # the re-list adds only the rest
+    assert sorted(rec.services) == [f"ns/s{i:04}" for i in range(1200)]
+    assert rec.violations == []
+    assert source.stats["services"].lists == 1
+    assert source.stats["services"].errors == 1
+
+
 def test_each_complete_list_and_its_delivery_run_inside_the_listing_bracket(
     api: FakeApiServer,
 ) -> None:

@@ -49,8 +49,12 @@ The store keeps each stripped object packed as canonical JSON bytes
 (cluster/store.py: ~17 MB instead of ~86 MB as dicts at 10,000 Services x
 10 endpoints), and of an EndpointSlice (`Resource.metadata_only`) only a
 digest of that form and its head; a change is a difference of stored forms. Only what is
-delivered is decoded: `previous`, a list's changes as the callback reads
-them, and the read-only Mapping view of the store `deliver` is given.
+delivered is decoded: `previous`, a re-list's changes as the callback reads
+them, and the read-only Mapping view of the store `deliver` is given. The
+first list is delivered page by page as it arrives (500 objects at a time,
+the objects as listed and stripped, never packed and decoded again): at
+10,000 Services x 10 endpoints that is 20,000 decodes fewer before the
+first sync, and no list-long buffer of packed objects.
 
 Known limits: a list or watch request that has not yet received its
 response headers cannot be interrupted by `abort()` (the bounded connect and
@@ -338,9 +342,17 @@ class Informer:
     # -- list ---------------------------------------------------------------------------
 
     def _list(self) -> None:
+        """List every page, then deliver. A list into an empty store (the
+        first one) is delivered page by page as the pages come -- the adds of
+        a page once the next is asked for, the last page's with `first` -- so
+        its objects are decoded once and never all held at once, packed or
+        decoded; a list into a store that holds objects is delivered at its
+        end as the difference."""
         res = self.res
-        fresh = PackedStore(metadata_only=res.metadata_only)
+        streaming = not len(self.store)
+        fresh = self.store if streaming else PackedStore(metadata_only=res.metadata_only)
         current: dict[str, bytes] = {}  # the packed objects, until delivered
+        page: list[Change] = []  # streaming: the adds of the page before the next
         cont: str | None = None
         while True:
             response = self._get(
@@ -350,16 +362,22 @@ class Informer:
             )
             with self._tracking(response):
                 body = json.loads(response.data)
-            for item in body.get("items") or ():
-                obj = strip_object(res.kind, item, res.api_version)
-                key, data = _key(obj), pack(obj)
-                fresh.put(key, fresh.value(obj, data))
-                current[key] = data
+            packed = [self._packed(item) for item in body.get("items") or ()]
+            for key, obj, data in packed:
+                value = fresh.value(obj, data)
+                before = fresh.put(key, value)
+                if not streaming:
+                    current[key] = data
+                elif before != value:
+                    page.append((unpacked(fresh.kept(before)), obj))
             meta = body.get("metadata") or {}
             cont = meta.get("continue") or None
             if cont is None:
                 rv = str(meta.get("resourceVersion") or "")
                 break
+            if page:
+                self._deliver(page, first=False)
+                page = []
         self.stats.lists += 1
         self._answered()
         if not self.stats.served:
@@ -370,7 +388,12 @@ class Informer:
         self.stats.resource_version = rv
         first = not self.stats.synced
         self.stats.synced = True
-        self._deliver(difference(old, fresh, current), first=first)
+        self._deliver(page if streaming else difference(old, fresh, current), first=first)
+
+    def _packed(self, item: Mapping[str, Any]) -> tuple[str, Obj, bytes]:
+        """A listed object's key, its stripped form, and that form packed."""
+        obj = strip_object(self.res.kind, item, self.res.api_version)
+        return _key(obj), obj, pack(obj)
 
     def _get(self, timeout: rest.Timeout, *query: rest.QueryParam) -> Any:
         """GET the resource's collection with its selectors and `query`."""

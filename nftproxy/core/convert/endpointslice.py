@@ -76,14 +76,16 @@ def _slice_info(
         return None, report.problems
     svc = NamespacedName(name.namespace, service)
     ports = _slice_ports(eps, svc, report)
-    endpoints = _slice_endpoints(eps, family, node_name, report)
-    by_port: dict[ServicePortName, dict[str, Endpoint]] = {}
+    # made at the first port's number: a slice of one port (nearly all) copies none
+    endpoints = _slice_endpoints(eps, family, node_name, report, ports[0][1] if ports else 0)
+    by_port: dict[ServicePortName, dict[tuple[str, int], Endpoint]] = {}
     for port_name, number in ports:
         unique = by_port.setdefault(port_name, {})
-        for template in endpoints:
-            endpoint = template.at_port(number)
-            if endpoint.address not in unique or endpoint.is_local:
-                unique[endpoint.address] = endpoint
+        for made in endpoints:
+            endpoint = made if made.port == number else made.at_port(number)
+            address = (endpoint.ip, number)
+            if address not in unique or endpoint.is_local:
+                unique[address] = endpoint
     info = EndpointSliceInfo(
         service=svc,
         slice_name=name.name,
@@ -136,14 +138,15 @@ def _slice_ports(
 
 
 def _slice_endpoints(
-    eps: Mapping[str, Any], family: IPFamily, node_name: str, report: problems.Report
+    eps: Mapping[str, Any], family: IPFamily, node_name: str, report: problems.Report,
+    port: int,
 ) -> list[Endpoint]:
-    """The valid endpoints of the slice, with port 0 (filled in per port)."""
+    """The valid endpoints of the slice, at `port` (copied to each other port)."""
     result: list[Endpoint] = []
     for j, entry in enumerate(fields.list_at(eps, "endpoints", "endpoints", report)):
-        endpoint = _plain_endpoint(entry, family, node_name)
+        endpoint = _plain_endpoint(entry, family, node_name, port)
         if endpoint is None:
-            endpoint = _slice_endpoint(entry, f"endpoints[{j}]", family, node_name, report)
+            endpoint = _slice_endpoint(entry, f"endpoints[{j}]", family, node_name, report, port)
         if endpoint is not None:
             result.append(endpoint)
     return result
@@ -154,7 +157,9 @@ _CANONICAL_IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]
 """A dotted quad as ipaddress writes it: no leading zeros, each octet <= 255."""
 
 
-def _plain_endpoint(entry: object, family: IPFamily, node_name: str) -> Endpoint | None:
+def _plain_endpoint(
+    entry: object, family: IPFamily, node_name: str, port: int = 0
+) -> Endpoint | None:
     """The endpoint of an entry of the shape nearly all have -- a canonical
     IPv4 address first, conditions, node and zone of the right types or
     absent, no hints -- read without `_slice_endpoint`'s problem paths (the
@@ -182,7 +187,7 @@ def _plain_endpoint(entry: object, family: IPFamily, node_name: str) -> Endpoint
     if ready is None or serving is None or terminating is None or node is None or zone is None:
         return None
     return Endpoint(
-        ip, 0, ready, serving, terminating, node, zone, _NO_HINTS, _NO_HINTS,
+        ip, port, ready, serving, terminating, node, zone, _NO_HINTS, _NO_HINTS,
         bool(node_name) and node == node_name,
     )  # fmt: skip
 
@@ -202,7 +207,8 @@ def _plain_name(value: object) -> str | None:
 
 
 def _slice_endpoint(
-    entry: object, path: str, family: IPFamily, node_name: str, report: problems.Report
+    entry: object, path: str, family: IPFamily, node_name: str, report: problems.Report,
+    port: int = 0,
 ) -> Endpoint | None:
     if not isinstance(entry, Mapping):
         report.add(path, f"expected an object, got {problems.describe(entry)}")
@@ -220,7 +226,7 @@ def _slice_endpoint(
     node = sys.intern(fields.str_at(entry, "nodeName", f"{path}.nodeName", report) or "")
     return Endpoint(
         ip=str(addr),
-        port=0,
+        port=port,
         ready=ready,
         serving=fields.bool_at(
             conditions, "serving", f"{path}.conditions.serving", report, default=ready
