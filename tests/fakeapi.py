@@ -141,6 +141,7 @@ class _Failure:
     status: int | None  # None: close the connection without answering
     watch_only: bool
     retry_after: int | None = None  # the Retry-After header, seconds
+    continued_only: bool = False  # only a list request for a later page (`continue`)
 
 
 @dataclass
@@ -389,12 +390,16 @@ class FakeApiServer:
         status: int | None = 503,
         watch_only: bool = False,
         retry_after: int | None = None,
+        continued_only: bool = False,
     ) -> None:
         """Fail the next `count` matching requests with `status` (None: close
         the connection without an answer), with a Retry-After header if
-        `retry_after` is given."""
+        `retry_after` is given; `continued_only`: only requests for a list's
+        later pages match."""
         with self._cond:
-            self._s.failures.append(_Failure(count, resource, status, watch_only, retry_after))
+            self._s.failures.append(
+                _Failure(count, resource, status, watch_only, retry_after, continued_only)
+            )
 
     def clear_failures(self) -> None:
         """Forget the failures fail_requests() asked for and not yet served."""
@@ -470,10 +475,11 @@ class FakeApiServer:
         self._s.log_rvs.append(entry.rv)
         self._cond.notify_all()
 
-    def _take_failure(self, resource: str, watch: bool) -> _Failure | None:
+    def _take_failure(self, resource: str, watch: bool, continued: bool) -> _Failure | None:
         with self._cond:
             for f in self._s.failures:
-                wanted = f.resource in (None, resource) and (watch or not f.watch_only)
+                wanted = (f.resource in (None, resource) and (watch or not f.watch_only)
+                          and (continued or not f.continued_only))
                 if f.remaining > 0 and wanted:
                     f.remaining -= 1
                     return f
@@ -657,7 +663,7 @@ class _Handler(BaseHTTPRequestHandler):
             msg = "the server could not find the requested resource"
             self._send_json(404, _status(404, "NotFound", msg))
             return
-        failure = api._take_failure(route.rtype.plural, verb == "watch")
+        failure = api._take_failure(route.rtype.plural, verb == "watch", "continue" in query)
         if failure is not None:
             if failure.status is None:
                 self._abort()

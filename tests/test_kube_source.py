@@ -239,14 +239,13 @@ def test_a_first_list_is_delivered_page_by_page_and_a_failed_page_repeats_nothin
 ) -> None:
     for i in range(1200):
         api.create(svc(f"s{i:04}", f"10.96.{i // 250}.{i % 250 + 1}"))
+    api.fail_requests(1, resource="services", status=None, continued_only=True)  # page 2
     rec = Recorder()
-    pages_asked: list[int] = []  # at each delivered service: list requests made so far
+    asked: list[int] = []  # at each delivered service: list requests made so far
     on_service = rec.on_service
 
     def noting(previous: Obj | None, current: Obj | None) -> None:
-        if not pages_asked:  # the first page's first add: its second page is cut off
-            api.fail_requests(1, resource="services", status=None)
-        pages_asked.append(len(lists(api, "services")))
+        asked.append(len(lists(api, "services")))
         on_service(previous, current)
 
     rec.on_service = noting  # type: ignore[method-assign]
@@ -257,15 +256,41 @@ def test_a_first_list_is_delivered_page_by_page_and_a_failed_page_repeats_nothin
         wait_until(lambda: synced(rec), what="initial sync")
     finally:
         source.stop()
-    # the first page's 500 adds came before its second page was answered
-    assert pages_asked[:500] == [1] * 500
-    assert pages_asked[500] > 2  # the cut-off page, then the list again from its start
+    # the first page's 500 adds came while its second page was asked for at most
+    assert max(asked[:500]) <= 2
+    assert min(asked[500:]) >= 3  # that page cut off, then the list again from its start
     service_log = [op for kind, op, _ in rec.log if kind in ("service", KIND_SERVICES)]
     assert service_log == ["add"] * 1200 + ["synced"]  # the re-list adds only the rest
     assert sorted(rec.services) == [f"ns/s{i:04}" for i in range(1200)]
     assert rec.violations == []
     assert source.stats["services"].lists == 1
     assert source.stats["services"].errors == 1
+
+
+def test_the_next_page_is_asked_for_while_a_page_is_delivered(api: FakeApiServer) -> None:
+    for i in range(1200):
+        api.create(svc(f"s{i:04}", f"10.96.{i // 250}.{i % 250 + 1}"))
+    rec = Recorder()
+    asked_meanwhile: list[int] = []
+    on_service = rec.on_service
+
+    def noting(previous: Obj | None, current: Obj | None) -> None:
+        if not asked_meanwhile:  # the first page's first add waits for page 2's request
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: len(lists(api, "services")) >= 2, timeout=5.0)
+            asked_meanwhile.append(len(lists(api, "services")))
+        on_service(previous, current)
+
+    rec.on_service = noting  # type: ignore[method-assign]
+    source = KubeSource(api.api_client(), rec, node_name=NODE)
+    source.start()
+    try:
+        wait_until(lambda: synced(rec), what="initial sync")
+    finally:
+        source.stop()
+    assert asked_meanwhile == [2]
+    assert len(rec.services) == 1200
+    assert [p.query["limit"] for p in lists(api, "services")] == ["500", "500", "500"]
 
 
 def test_each_complete_list_and_its_delivery_run_inside_the_listing_bracket(

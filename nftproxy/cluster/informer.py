@@ -73,6 +73,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -342,42 +343,38 @@ class Informer:
     # -- list ---------------------------------------------------------------------------
 
     def _list(self) -> None:
-        """List every page, then deliver. A list into an empty store (the
-        first one) is delivered page by page as the pages come -- the adds of
-        a page once the next is asked for, the last page's with `first` -- so
-        its objects are decoded once and never all held at once, packed or
-        decoded; a list into a store that holds objects is delivered at its
-        end as the difference."""
+        """List every page, then deliver. The next page is asked for (in a
+        helper thread) as soon as a page names it, while this one is stripped,
+        packed and delivered. A list into an empty store (the first one) is
+        delivered page by page as the pages come -- the last page's adds with
+        `first` -- so its objects are decoded once and never all held at
+        once, packed or decoded; a list into a store that holds objects is
+        delivered at its end as the difference."""
         res = self.res
         streaming = not len(self.store)
         fresh = self.store if streaming else PackedStore(metadata_only=res.metadata_only)
         current: dict[str, bytes] = {}  # the packed objects, until delivered
-        page: list[Change] = []  # streaming: the adds of the page before the next
-        cont: str | None = None
-        while True:
-            response = self._get(
-                (_CONNECT_TIMEOUT, _LIST_READ_TIMEOUT),
-                ("limit", _PAGE_SIZE),
-                ("continue", cont),
-            )
-            with self._tracking(response):
-                body = json.loads(response.data)
-            packed = [self._packed(item) for item in body.get("items") or ()]
-            for key, obj, data in packed:
-                value = fresh.value(obj, data)
-                before = fresh.put(key, value)
-                if not streaming:
-                    current[key] = data
-                elif before != value:
-                    page.append((unpacked(fresh.kept(before)), obj))
-            meta = body.get("metadata") or {}
-            cont = meta.get("continue") or None
-            if cont is None:
-                rv = str(meta.get("resourceVersion") or "")
-                break
-            if page:
-                self._deliver(page, first=False)
-                page = []
+        page: list[Change] = []  # streaming: the adds of the page in hand
+        with ThreadPoolExecutor(1, thread_name_prefix=f"nftproxy-list-{res.name}") as ahead:
+            body = self._page(None)
+            while True:
+                meta = body.get("metadata") or {}
+                cont = meta.get("continue") or None
+                following = ahead.submit(self._page, cont) if cont is not None else None
+                for key, obj, data in [self._packed(item) for item in body.get("items") or ()]:
+                    value = fresh.value(obj, data)
+                    before = fresh.put(key, value)
+                    if not streaming:
+                        current[key] = data
+                    elif before != value:
+                        page.append((unpacked(fresh.kept(before)), obj))
+                if following is None:
+                    rv = str(meta.get("resourceVersion") or "")
+                    break
+                if page:
+                    self._deliver(page, first=False)
+                    page = []
+                body = following.result()
         self.stats.lists += 1
         self._answered()
         if not self.stats.served:
@@ -389,6 +386,15 @@ class Informer:
         first = not self.stats.synced
         self.stats.synced = True
         self._deliver(page if streaming else difference(old, fresh, current), first=first)
+
+    def _page(self, cont: str | None) -> Any:
+        """One page of the list, decoded: the first (`cont` None) or the one
+        `cont` names."""
+        response = self._get(
+            (_CONNECT_TIMEOUT, _LIST_READ_TIMEOUT), ("limit", _PAGE_SIZE), ("continue", cont)
+        )
+        with self._tracking(response):
+            return json.loads(response.data)
 
     def _packed(self, item: Mapping[str, Any]) -> tuple[str, Obj, bytes]:
         """A listed object's key, its stripped form, and that form packed."""
