@@ -165,8 +165,8 @@ class KubeSource:
     errors, at most `unreachable_max` between attempts while the server does
     not answer at all (so an informer resumes within about a second of the
     server being back; informer.py and retry.py say why). The informers
-    deliver one batch at a time (a list's changes, a watch event), never
-    interleaved object by object. `listing()`
+    deliver one batch at a time (a page of a first list, a re-list's
+    changes, a watch event), never interleaved object by object. `listing()`
     brackets every complete list, its delivery included (the agent pauses
     its garbage collector: agent/heap.py). `stats` maps resource name ->
     ResourceStats.
@@ -296,8 +296,9 @@ class KubeSource:
                kind: str) -> Deliver:
         """Per-object delivery (the handler method is looked up at each call),
         then on_synced(kind) after the first list -- once this Node's first
-        list is in too (`_await_node`). One batch (a list's difference, a
-        watch event) at a time across the informers: two first lists
+        list is in too (`_await_node`). One batch (a page of a first list,
+        a re-list's difference, a watch event) at a time across the
+        informers: two first lists
         delivered at once alternate object by object on the handler's locks
         (the Proxier's, the runner's, the metrics'), which cost ~4 s of a
         45,000-service start on Python 3.11 (bench/RESULTS.md, fifteenth
