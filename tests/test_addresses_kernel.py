@@ -179,7 +179,7 @@ def _event_latency_ms(ns: str, count: int) -> float:
     got.get()
 
     def add(i: int) -> float:
-        from pyroute2 import IPRoute
+        from pyroute2.iproute import IPRoute
 
         with IPRoute() as ipr:
             index = ipr.link_lookup(ifname="d0")[0]

@@ -220,7 +220,7 @@ def dump_flows(ns: str) -> list[str]:
     reply-from ip`, for assertions and failure messages."""
 
     def body() -> list[str]:
-        from pyroute2 import Conntrack as PyConntrack
+        from pyroute2.conntrack import Conntrack as PyConntrack
 
         out: list[str] = []
         for af, v in ((socket.AF_INET, "V4"), (socket.AF_INET6, "V6")):
@@ -509,7 +509,7 @@ def test_cleanup_cost_with_10k_unrelated_entries(
         everything = ct.apply(full)
 
     def unfiltered() -> tuple[int, float]:
-        from pyroute2 import Conntrack as PyConntrack
+        from pyroute2.conntrack import Conntrack as PyConntrack
 
         with PyConntrack() as raw:
             start = time.perf_counter()

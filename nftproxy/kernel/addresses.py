@@ -57,6 +57,7 @@ from typing import Any
 
 from nftproxy.core.model import HostAddresses
 from nftproxy.kernel import netns as _netns
+from nftproxy.kernel import pyroute2_modules
 
 __all__ = ["AddressWatch", "AddressesUnavailable", "read_host_addresses"]
 
@@ -92,13 +93,14 @@ class _Rtnl:
     IPRoute for the readings (its socket is bound to the opening thread)."""
 
     def __init__(self, *, subscribe: bool) -> None:
-        from pyroute2 import IPRoute  # ~70 ms: only where used
+        # imported here, where used, without pyroute2's package __init__
+        iproute = pyroute2_modules.module("pyroute2.iproute")
 
         self.events: socket.socket | None = None
         if subscribe:
             self.events = _subscribe()
         try:
-            self.ipr = IPRoute()
+            self.ipr = iproute.IPRoute()
         except BaseException:
             self.close_events()
             raise

@@ -30,7 +30,8 @@ Sockets: pyroute2 0.9's sync `Conntrack` keeps its socket and event loop
 `Conntrack` owns one worker thread that enters the namespace with
 `nftproxy.kernel.netns.enter` (never creates one; no fork) and there opens two
 sockets, AF_INET and AF_INET6 (nfgen_family is per socket). pyroute2 is
-imported by that worker only: `plan()` and the fake cost no 140 ms import.
+imported by that worker only, without its package __init__
+(kernel/pyroute2_modules.py): `plan()` and the fake cost no import.
 
 Known limits / costs (kernel 6.18, pyroute2 0.9.7, 2 vCPUs,
 nf_conntrack_buckets 262144; `test_cleanup_cost_with_10k_unrelated_entries`
@@ -78,6 +79,7 @@ from nftproxy.core.conntrack import (
 )
 from nftproxy.core.model import IPFamily, L4Protocol
 from nftproxy.kernel import netns as _netns
+from nftproxy.kernel import pyroute2_modules
 
 __all__ = [
     "Cleaner",
@@ -107,12 +109,18 @@ class _Sockets:
     """The worker's two pyroute2 sockets (one per nfgen_family)."""
 
     def __init__(self) -> None:
-        from pyroute2 import Conntrack as _PyConntrack  # 140 ms: only where used
-
+        # imported here, where used (~50 ms), without pyroute2's package __init__
+        conntrack = pyroute2_modules.module("pyroute2.conntrack")
+        self._attr_tuple: Any = pyroute2_modules.module(
+            "pyroute2.netlink.nfnetlink.nfctsocket"
+        ).NFCTAttrTuple
+        self._netlink_error: type[Exception] = pyroute2_modules.module(
+            "pyroute2.netlink.exceptions"
+        ).NetlinkError
         self.by_family: dict[IPFamily, Any] = {}
         try:
             for family, af in _AF.items():
-                sock = _PyConntrack(nfgen_family=af)
+                sock = conntrack.Conntrack(nfgen_family=af)
                 self.by_family[family] = sock
                 sock.count()  # opens the socket, here, in this thread's netns
         except BaseException:
@@ -125,14 +133,12 @@ class _Sockets:
         self.by_family.clear()
 
     def dump(self, query: Query) -> list[Flow]:
-        from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
-
         # The kernel compares IPv6 addresses of a CTA_FILTER the wrong way
         # round (6.18: a daddr filter returns the entries to every *other*
         # address), so IPv6 dumps filter on proto + dport only; the caller
         # re-checks the address.
         daddr = query.ip if query.family is IPFamily.IPV4 else None
-        orig = NFCTAttrTuple(
+        orig = self._attr_tuple(
             family=_AF[query.family],
             daddr=daddr,
             proto=_PROTO_NUMBER[query.protocol],
@@ -144,10 +150,7 @@ class _Sockets:
         return [flow for msg in msgs if (flow := _flow_of(query.family, msg)) is not None]
 
     def delete(self, flow: Flow) -> None:
-        from pyroute2.netlink.exceptions import NetlinkError
-        from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
-
-        orig = NFCTAttrTuple(
+        orig = self._attr_tuple(
             family=_AF[flow.family],
             saddr=flow.src,
             daddr=flow.dst,
@@ -162,8 +165,8 @@ class _Sockets:
             extra["zone"] = flow.zone
         try:
             self.by_family[flow.family].entry("del", tuple_orig=orig, **extra)
-        except NetlinkError as exc:
-            raise OSError(exc.code, str(exc)) from exc
+        except self._netlink_error as exc:
+            raise OSError(getattr(exc, "code", 0), str(exc)) from exc
 
 
 def _flow_of(family: IPFamily, msg: Any) -> Flow | None:

@@ -203,7 +203,7 @@ class Topology(Namespaces):
 def _flush_conntrack() -> None:
     import socket
 
-    from pyroute2 import Conntrack
+    from pyroute2.conntrack import Conntrack
 
     for family in (socket.AF_INET, socket.AF_INET6):
         ct = Conntrack(nfgen_family=family)
