@@ -361,13 +361,7 @@ class Informer:
                 meta = body.get("metadata") or {}
                 cont = meta.get("continue") or None
                 following = ahead.submit(self._page, cont) if cont is not None else None
-                for key, obj, data in [self._packed(item) for item in body.get("items") or ()]:
-                    value = fresh.value(obj, data)
-                    before = fresh.put(key, value)
-                    if not streaming:
-                        current[key] = data
-                    elif before != value:
-                        page.append((unpacked(fresh.kept(before)), obj))
+                page += self._take(fresh, body.get("items") or (), None if streaming else current)
                 if following is None:
                     rv = str(meta.get("resourceVersion") or "")
                     break
@@ -395,6 +389,25 @@ class Informer:
         )
         with self._tracking(response):
             return json.loads(response.data)
+
+    def _take(
+        self, store: PackedStore, items: Sequence[Mapping[str, Any]],
+        current: dict[str, bytes] | None,
+    ) -> list[Change]:
+        """Strip, pack and store a page's `items` (all of them, or none if one
+        fails). A re-list keeps their packed forms in `current`, for its
+        difference, and returns nothing; a first list returns the adds (and
+        changes) to deliver, each object as stripped."""
+        packed = [self._packed(item) for item in items]
+        changes: list[Change] = []
+        for key, obj, data in packed:
+            value = store.value(obj, data)
+            before = store.put(key, value)
+            if current is not None:
+                current[key] = data
+            elif before != value:
+                changes.append((unpacked(store.kept(before)), obj))
+        return changes
 
     def _packed(self, item: Mapping[str, Any]) -> tuple[str, Obj, bytes]:
         """A listed object's key, its stripped form, and that form packed."""
