@@ -188,8 +188,7 @@ def _element_values(elements: Sequence[Element], with_comment: bool) -> list[str
         ])  # fmt: skip
         comment = e.comment
         if with_comment and comment:
-            if not (comment.isascii() and len(comment) <= names.COMMENT_MAX_BYTES):
-                comment = names.comment(comment)
+            comment = names.comment(comment)
             comments.append(comment)
             text = f'{text} comment "{comment}"'
         value = e.value

@@ -131,6 +131,8 @@ def comment(text: str) -> str:
     """`text` if it fits the kernel's comment budget, else a deterministic
     truncation that ends in a short hash of the whole text (so two long
     comments stay distinguishable). UTF-8 aware: never splits a character."""
+    if text.isascii() and len(text) <= COMMENT_MAX_BYTES:  # a byte a character
+        return text
     raw = text.encode()
     if len(raw) <= COMMENT_MAX_BYTES:
         return text
