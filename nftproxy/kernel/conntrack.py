@@ -114,7 +114,7 @@ class _Sockets:
         self._attr_tuple: Any = pyroute2_modules.module(
             "pyroute2.netlink.nfnetlink.nfctsocket"
         ).NFCTAttrTuple
-        self._netlink_error: type[Exception] = pyroute2_modules.module(
+        self._netlink_error: Any = pyroute2_modules.module(
             "pyroute2.netlink.exceptions"
         ).NetlinkError
         self.by_family: dict[IPFamily, Any] = {}
@@ -166,7 +166,7 @@ class _Sockets:
         try:
             self.by_family[flow.family].entry("del", tuple_orig=orig, **extra)
         except self._netlink_error as exc:
-            raise OSError(getattr(exc, "code", 0), str(exc)) from exc
+            raise OSError(exc.code, str(exc)) from exc
 
 
 def _flow_of(family: IPFamily, msg: Any) -> Flow | None:
