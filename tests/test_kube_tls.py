@@ -393,6 +393,45 @@ def test_lists_from_a_ca_without_key_usage_in_cluster(
     assert auth, "no request reached the server"
 
 
+def test_an_in_cluster_client_imports_neither_the_kubeconfig_loader_nor_the_rest_of_kubernetes(
+    pki: Pki, tmp_path: Path,
+) -> None:
+    """A pod's agent (in-cluster config) imports the client, its exceptions
+    and the in-cluster loader, not what kubernetes' package __init__ would
+    (dynamic client, watch, stream, leader election) nor the kubeconfig
+    loader with requests and requests-oauthlib (cluster/__init__.py); a
+    kubeconfig given later loads its loader then. In a fresh interpreter:
+    the import state is the process's."""
+    token = tmp_path / "token"
+    token.write_text("service-account-token")
+    path = kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443", pki.ca, token="t")
+    code = f"""
+import json, sys
+from nftproxy.cluster.kube import from_config
+from kubernetes.config import incluster_config
+incluster_config.SERVICE_TOKEN_FILENAME = {str(token)!r}
+incluster_config.SERVICE_CERT_FILENAME = {str(pki.ca)!r}
+in_cluster = from_config().configuration.host
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in
+                ("kubernetes", "requests", "requests_oauthlib", "oauthlib"))
+off_cluster = from_config({path!r}).configuration.host
+print(json.dumps({{"hosts": [in_cluster, off_cluster], "loaded": loaded,
+                   "loader_after": "kubernetes.config.kube_config" in sys.modules}}))
+"""
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
+    result = json.loads(out.stdout)
+    assert result["hosts"] == ["https://10.96.0.1:443", "https://127.0.0.1:6443"]
+    loaded = set(result["loaded"])
+    assert {"kubernetes.client.api_client", "kubernetes.config.incluster_config"} <= loaded
+    for other in ("kubernetes.config.kube_config", "requests", "requests_oauthlib", "oauthlib",
+                  "kubernetes.dynamic", "kubernetes.watch", "kubernetes.stream",
+                  "kubernetes.leaderelection"):
+        assert other not in loaded
+    assert result["loader_after"] is True
+
+
 # -- failures: one ERROR, a metric, /healthz ------------------------------------------------
 
 

@@ -51,8 +51,9 @@ from dataclasses import dataclass
 from random import Random
 from typing import Any
 
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
+from kubernetes.client import ApiClient, Configuration
+from kubernetes.config import incluster_config
+from kubernetes.config.config_exception import ConfigException
 
 from nftproxy.cluster.client_tls import RotatingTls
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents, Obj
@@ -116,21 +117,24 @@ def from_config(kubeconfig: str | None = None) -> Any:
     (cluster/client_tls.py). Raises the client's ConfigException when no
     configuration is found.
     """
-    configuration = k8s.Configuration()
-    loaders: Any = k8s_config  # untyped functions
+    configuration = Configuration()
     in_cluster = False
     if kubeconfig is None:
+        load_in_cluster: Any = incluster_config.load_incluster_config  # untyped
         try:
-            loaders.load_incluster_config(client_configuration=configuration)
+            load_in_cluster(client_configuration=configuration)
             in_cluster = True
-        except k8s_config.ConfigException:  # not in a pod (no service host or token)
+        except ConfigException:  # not in a pod (no service host or token)
             pass
     if not in_cluster:
+        # imported only here: the loader brings requests, requests-oauthlib and
+        # oauthlib (~6 MB), which a pod, configured in-cluster, never needs
+        from kubernetes.config import kube_config
+
+        load: Any = kube_config.load_kube_config  # untyped
         # $KUBECONFIG is read now: the client reads it once, when imported
         path = kubeconfig or os.environ.get("KUBECONFIG") or None
-        loaders.load_kube_config(
-            config_file=path, client_configuration=configuration, persist_config=False
-        )
+        load(config_file=path, client_configuration=configuration, persist_config=False)
     if hasattr(configuration, "keep_alive"):  # kubernetes >= 37
         configuration.keep_alive = True
     return _client(configuration)
@@ -140,7 +144,7 @@ def _client(configuration: Any) -> Any:
     """The one place an ApiClient is built: its urllib3 pool verifies TLS
     with the context `client_tls` builds from the configured CA, client
     certificate and key, and builds again when those files change."""
-    client = k8s.ApiClient(configuration=configuration)
+    client = ApiClient(configuration=configuration)
     RotatingTls.install(configuration, client.rest_client.pool_manager)
     return client
 

@@ -1,0 +1,62 @@
+"""nftproxy/bare_packages.py: packages put in place without their __init__.
+
+Aspects: a registered package's submodules import and its __init__ never
+runs (a subpackage is bound to its parent, as an import binds it); a
+package imported before is left as it is; a name that is not an installed
+package is an ImportError. The import state is the process's, so each case
+that registers runs in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nftproxy.bare_packages import register
+
+
+def _fresh(code: str) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+def test_a_registered_package_imports_its_submodules_without_its_init() -> None:
+    result = _fresh("""
+import json, sys
+before = "kubernetes" in sys.modules
+from nftproxy.bare_packages import register
+register("kubernetes", "kubernetes.config")
+from kubernetes.config.config_exception import ConfigException
+kubernetes, config = sys.modules["kubernetes"], sys.modules["kubernetes.config"]
+print(json.dumps({"before": before, "exception": ConfigException.__name__,
+                  "bound": kubernetes.config is config,
+                  "init_names": [hasattr(kubernetes, "watch"),
+                                 hasattr(config, "load_kube_config")]}))
+""")
+    assert result == {"before": False, "exception": "ConfigException", "bound": True,
+                      "init_names": [False, False]}
+
+
+def test_a_package_imported_before_is_left_as_it_is() -> None:
+    result = _fresh("""
+import json, sys
+import kubernetes
+before = sys.modules["kubernetes"], sys.modules["kubernetes.config"]
+from nftproxy.bare_packages import register
+register("kubernetes", "kubernetes.config")
+print(json.dumps({"same": (sys.modules["kubernetes"], sys.modules["kubernetes.config"]) == before,
+                  "names": hasattr(kubernetes.config, "load_kube_config")}))
+""")
+    assert result == {"same": True, "names": True}
+
+
+@pytest.mark.parametrize("name", ["colorsys", "no_such_package_for_nftproxy"])
+def test_only_an_installed_package_is_registered(name: str) -> None:
+    assert name not in sys.modules  # a module, or nothing, not imported yet
+    with pytest.raises(ImportError, match=f"{name} is not an installed package"):
+        register(name)
+    assert name not in sys.modules
