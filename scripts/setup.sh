@@ -58,6 +58,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     --constraint "$here/constraints.txt" -e "$here$extras"
   echo "$want" > "$stamp"
 fi
+# nftproxy's bytecode, written now (a no-op when up to date): the install is
+# editable, so nothing else compiles it, and an agent starting in a fresh
+# container -- every pod start -- would compile the whole package (~0.1 s
+# of every start; bench/RESULTS.md, twenty-first pass).
+"$venv/bin/python" -m compileall -q "$here/nftproxy" >/dev/null
 "$venv/bin/python" -c "import nftables, nftproxy" || {
   echo "setup: the venv cannot import nftables (python3-nftables) or nftproxy" >&2
   exit 1
