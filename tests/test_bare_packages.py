@@ -4,7 +4,7 @@ Aspects: a registered package's submodules import and its __init__ never
 runs (a subpackage is bound to its parent, as an import binds it); a
 package imported before is left as it is; a name that is not an installed
 package is an ImportError. The import state is the process's, so each case
-that registers runs in a fresh interpreter.
+runs in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
-from nftproxy.bare_packages import register
 
 
 def _fresh(code: str) -> dict[str, object]:
@@ -56,7 +54,18 @@ print(json.dumps({"same": (sys.modules["kubernetes"], sys.modules["kubernetes.co
 
 @pytest.mark.parametrize("name", ["colorsys", "no_such_package_for_nftproxy"])
 def test_only_an_installed_package_is_registered(name: str) -> None:
-    assert name not in sys.modules  # a module, or nothing, not imported yet
-    with pytest.raises(ImportError, match=f"{name} is not an installed package"):
-        register(name)
-    assert name not in sys.modules
+    """A module (not a package), or nothing installed: an ImportError, and
+    nothing registered."""
+    result = _fresh(f"""
+import json, sys
+from nftproxy.bare_packages import register
+before = {name!r} in sys.modules
+try:
+    register({name!r})
+    error = None
+except ImportError as exc:
+    error = str(exc)
+print(json.dumps({{"before": before, "error": error, "after": {name!r} in sys.modules}}))
+""")
+    assert result == {"before": False, "error": f"{name} is not an installed package",
+                      "after": False}
