@@ -11,7 +11,8 @@ Aspects:
   `/bin/sh -c` in WORKDIR with only the image's environment; an instruction
   the replay does not know fails the test;
 - what it installs: Python 3.13 with Debian's python3-nftables on
-  libnftables 1.1.3, every Python package at constraints.txt's pin; the
+  libnftables 1.1.3, every Python package at constraints.txt's pin,
+  nftproxy's own bytecode (every pod start would compile it otherwise); the
   ENTRYPOINT's nftproxy answers `--version` and `sync --dry-run`;
 - version skew: a real `sync` by the image in a namespace writes its sets by
   typeof, the host's (bookworm, 1.0.6) `nft list ruleset`, `nft -j list
@@ -56,6 +57,7 @@ class Image:
     root: Path
     env: tuple[str, ...]  # VAR=value, the image's environment
     entrypoint: tuple[str, ...]
+    uncompiled: tuple[str, ...]  # nftproxy's modules without Python 3.13 bytecode, as built
 
     def userspace(self) -> Userspace:
         prefix = ("bash", HELPER, "run", str(self.root), "-n", "{ns}", "env", "-i", *self.env)
@@ -126,6 +128,14 @@ def _mount_overlay(lower: Path, scratch: Path, emptied: list[str]) -> Path:
     return merged
 
 
+def _uncompiled(package: Path) -> tuple[str, ...]:
+    """The modules of `package` with no bytecode for the image's Python 3.13."""
+    modules = sorted(package.rglob("*.py"))
+    assert modules, f"no nftproxy package at {package}"
+    return tuple(str(m.relative_to(package)) for m in modules
+                 if not (m.parent / "__pycache__" / f"{m.stem}.cpython-313.pyc").is_file())
+
+
 @pytest.fixture(scope="module")
 def image() -> Iterator[Image]:
     lower = _trixie_dir()
@@ -138,7 +148,8 @@ def image() -> Iterator[Image]:
         root = _mount_overlay(lower, scratch, workdirs)
         try:
             env = _replay(root, instructions)
-            yield Image(root, tuple(f"{k}={v}" for k, v in env.items()), tuple(entrypoint))
+            yield Image(root, tuple(f"{k}={v}" for k, v in env.items()), tuple(entrypoint),
+                        _uncompiled(root / workdirs[-1].lstrip("/") / "nftproxy"))
         finally:
             if subprocess.run(["umount", str(root)], check=False).returncode:
                 subprocess.run(["umount", "-l", str(root)], check=True)
@@ -159,6 +170,12 @@ def test_the_image_has_python_3_13_libnftables_1_1_3_and_the_pinned_packages(
     assert "kubernetes" in installed and "PyYAML" in installed
     pinned = pins()
     assert {n: v for n, v in installed.items() if pinned.get(canonical(n)) != v} == {}
+
+
+def test_the_image_holds_nftproxys_bytecode(image: Image) -> None:
+    """Built into the image (scripts/setup.sh), not compiled by every pod
+    start: read when the replay ended, before anything ran the package."""
+    assert image.uncompiled == ()
 
 
 def test_the_entrypoint_answers_version_and_a_dry_run(image: Image) -> None:
