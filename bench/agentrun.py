@@ -36,6 +36,7 @@ import compileall
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,16 +44,17 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import benchlib as bl
 from fakeapi import FakeApiServer
+from pki import make_pki
 
 from nftproxy.kernel import netns
 
-__all__ = ["AgentRun", "ApiCluster", "run_agent", "write_list"]
+__all__ = ["AgentRun", "ApiCluster", "Launch", "in_cluster", "run_agent", "write_list"]
 
 METRICS = "127.0.0.1:10249"
 HEALTHZ = "127.0.0.1:10256"
@@ -74,13 +76,18 @@ class ApiCluster:
             self.server.create(obj)
 
     @contextlib.contextmanager
-    def serving(self, ns: str, workdir: Path) -> Iterator[list[str]]:
-        """Serve on `ns`'s loopback; yields the agent's source arguments."""
+    def serving(self, ns: str, workdir: Path, *, pod: bool = False) -> Iterator[Launch]:
+        """Serve on `ns`'s loopback; yields how to start the agent: from a
+        kubeconfig (plain HTTP), or with `pod` as a pod starts it (TLS,
+        configured in-cluster: `in_cluster`)."""
+        self.server.tls = make_pki(_fresh_dir(workdir / "pki")).server if pod else None
         netns.run_in(ns, self.server.start)  # the listening socket lives in `ns`
         try:
             self.server.requests.clear()
-            kubeconfig = self.server.write_kubeconfig(workdir / "kubeconfig")
-            yield ["--kubeconfig", kubeconfig]
+            if pod:
+                yield in_cluster(self.server, _fresh_dir(workdir / "serviceaccount"))
+            else:
+                yield Launch(("--kubeconfig", self.server.write_kubeconfig(workdir / "kubeconfig")))
         finally:
             self.server.stop()
 
@@ -89,12 +96,52 @@ class ApiCluster:
         return sum(1 for r in self.server.requests if r.verb == "list")
 
 
-def write_list(path: Path, services: Sequence[Any], slices: Sequence[Any]) -> list[str]:
+@dataclass(frozen=True)
+class Launch:
+    """How the agent starts: its source arguments, and for an agent
+    configured in-cluster its environment and the command it runs under."""
+
+    args: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    prefix: tuple[str, ...] = ()
+
+
+_POD_RUN = """set -e
+mount -t tmpfs -o mode=0755 tmpfs /run
+mkdir -p /run/secrets/kubernetes.io/serviceaccount
+cp "$1"/token "$1"/ca.crt /run/secrets/kubernetes.io/serviceaccount/
+shift
+exec "$@"
+"""
+"""A pod's /run, in the agent's own mount namespace (`ip netns exec` made
+it; nothing reaches the host's): a fresh tmpfs holding the service
+account's token and CA where the in-cluster configuration reads them."""
+
+
+def in_cluster(server: FakeApiServer, account: Path) -> Launch:
+    """The agent as a DaemonSet pod starts it: no kubeconfig, the API
+    server's address in KUBERNETES_SERVICE_HOST/PORT, the service account
+    (`account`: a token and the server's CA, written here) under /run."""
+    assert server.tls is not None, "a pod reaches the API server over TLS"
+    (account / "token").write_text("service-account-token")
+    shutil.copyfile(server.tls.ca_file, account / "ca.crt")
+    host, port = server.url.split("://", 1)[1].rsplit(":", 1)
+    env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+    return Launch((), env, ("sh", "-c", _POD_RUN, "sh", str(account)))
+
+
+def _fresh_dir(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def write_list(path: Path, services: Sequence[Any], slices: Sequence[Any]) -> Launch:
     """`path` as one `kind: List` JSON file (the node, then the objects);
-    returns the agent's source arguments."""
+    returns how the agent starts from it."""
     items = [bl.node_obj(), *services, *slices]
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-    return ["--source", str(path)]
+    return Launch(("--source", str(path)))
 
 
 def agent_argv(source_args: Sequence[str]) -> list[str]:
@@ -146,18 +193,18 @@ class AgentRun:
     timeout: float = 3600.0
 
 
-def run_agent(run: AgentRun, source_args: Sequence[str]) -> dict[str, Any]:
+def run_agent(run: AgentRun, launch: Launch) -> dict[str, Any]:
     """Start the agent, wait for its first committed full sync, idle, stop
     it; the result fields (see the module docstring)."""
     log_path = run.workdir / f"agent-{run.label}.log"
-    env = {**os.environ, "PYTHONPATH": str(bl.ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(bl.ROOT), **launch.env}
     # as the image holds it (scripts/setup.sh): else, where the tree is fresh or
     # PYTHONDONTWRITEBYTECODE is set, every start compiles the package (~0.1 s)
     compileall.compile_dir(bl.ROOT / "nftproxy", quiet=1)
     with log_path.open("w") as log:
         t0 = time.time()
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", run.ns, *agent_argv(source_args)],
+            ["ip", "netns", "exec", run.ns, *launch.prefix, *agent_argv(launch.args)],
             stdout=log, stderr=subprocess.STDOUT, cwd=bl.ROOT, env=env,
         )  # fmt: skip
     sampler = bl.TreeSampler(proc.pid, run.interval)

@@ -11,6 +11,12 @@ each in a fresh process in a fresh network namespace, one at a time:
   holding the same objects, served on the namespace's loopback by this
   process (bench/agentrun.py). start->commit = spawn -> the agent's own
   timestamp of its first committed full sync, read from its /metrics.
+- `pod` (not in the default --sources): the same agent as a DaemonSet pod
+  starts it: configured in-cluster (KUBERNETES_SERVICE_HOST/PORT, a
+  service-account token and the CA under a fresh /run in its own mount
+  namespace), the same FakeApiServer over TLS (bench/agentrun.py
+  `in_cluster`). `api` runs it from a kubeconfig over plain HTTP, which
+  imports the kubeconfig loader a pod never does (~6 MB).
 - `agent-file`: the same agent with `--source` a `kind: List` JSON file.
 - `api-restart`: the `api` agent run once (to its first commit, then
   stopped: rules left in place, as a DaemonSet rollout leaves them), then
@@ -44,7 +50,7 @@ may end in `@NAME=VALUE` (repeatable): environment of the child, e.g.
 `baseline@PYTHONMALLOC=malloc`.
 
     python bench/cold_sync.py [--quick] [--sizes 1000x10,10000x10,5000x50,45000x1]
-        [--sources api,agent-file,file,api-restart] [--idle 30] [--variants baseline,...]
+        [--sources api,agent-file,file,api-restart,pod] [--idle 30] [--variants baseline,...]
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ BENCH = "cold_sync"
 FULL_SIZES = "1000x10,10000x10,5000x50,45000x1"
 QUICK_SIZES = "200x5"
 SOURCES = ("api", "agent-file", "file")
-EXTRA_SOURCES = ("api-restart",)
+EXTRA_SOURCES = ("api-restart", "pod")
 
 
 class Metered:
@@ -181,16 +187,16 @@ class Cluster:
         return path
 
     @contextlib.contextmanager
-    def agent_source(self, source: str, ns: str) -> Iterator[list[str]]:
-        """The agent's source arguments for `source`, served while inside."""
+    def agent_source(self, source: str, ns: str) -> Iterator[agentrun.Launch]:
+        """How the agent starts from `source`, served while inside."""
         if source == "agent-file":
             path = self.workdir / f"items-{self.shape.label}.json"
             yield agentrun.write_list(path, self.services, self.slices)
             return
         if self._api is None:
             self._api = agentrun.ApiCluster(self.services, self.slices)
-        with self._api.serving(ns, self.workdir) as args:
-            yield args
+        with self._api.serving(ns, self.workdir, pod=source == "pod") as launch:
+            yield launch
             self.api_list_requests = self._api.list_requests()
 
 
@@ -247,9 +253,9 @@ def run_agent(
         interval=args.sample_interval,
         timeout=args.timeout,
     )
-    with cluster.agent_source(source, ns) as source_args:
-        result = agentrun.run_agent(run, source_args)
-    if source == "api":
+    with cluster.agent_source(source, ns) as launch:
+        result = agentrun.run_agent(run, launch)
+    if source in ("api", "pod"):
         result["api_list_requests"] = cluster.api_list_requests
     return result
 
