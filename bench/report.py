@@ -315,9 +315,11 @@ def targets(root: Path) -> str:
         "size",
         "userspace",
         "cold start→committed, API s",
+        "…as a pod s",
         "…from a file s",
         "peak RSS MB, whole tree",
         "steady RSS MB",
+        "peak / steady MB as a pod",
         "partial add p50 / p99 ms",
         "change endpoint",
         "delete service",
@@ -332,7 +334,7 @@ def _where(r: dict[str, Any]) -> tuple[str, int, int]:
 def _target_cells(
     cold_by: dict[Any, dict[str, Any]], steps: dict[str, dict[str, Any]]
 ) -> list[Any]:
-    api, from_file = cold_by.get("api"), cold_by.get("agent-file")
+    api, pod, from_file = cold_by.get("api"), cold_by.get("pod"), cold_by.get("agent-file")
 
     def pct(step: str) -> str | None:
         r = steps.get(step)
@@ -340,9 +342,11 @@ def _target_cells(
 
     return [
         api and api["start_to_commit_s"],
+        pod and pod["start_to_commit_s"],
         from_file and from_file["start_to_commit_s"],
         api and api["peak_tree_mb"],
         api and f"{api['steady_tree_mb']:.0f} (after {api['steady_after_s']:.0f} s)",
+        pod and f"{pod['peak_tree_mb']:.0f} / {pod['steady_tree_mb']:.0f}",
         pct("add"),
         pct("change"),
         pct("delete"),

@@ -107,7 +107,7 @@ run() {
 }
 
 # The product as it is (issue 12's numbers).
-run product cold_sync bench/cold_sync.py --sources api,api-restart,agent-file,file --variants baseline \
+run product cold_sync bench/cold_sync.py --sources api,api-restart,pod,agent-file,file --variants baseline \
   --sizes 1000x10,10000x10,5000x50,45000x1
 run product partial_sync bench/partial_sync.py --variants baseline --sizes 1000x10,10000x10
 run product partial_sync_45k bench/partial_sync.py --variants baseline --sizes 45000x1
