@@ -12,18 +12,24 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
 
-def _fresh(code: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    result: dict[str, object] = json.loads(out.stdout)
+def in_fresh_interpreter(code: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What `code`, run by a new Python (with `env`, else this one's), prints
+    as JSON: the import state is the process's (tests/test_pyroute2_modules.py
+    and tests/test_kube_tls.py use it too)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
+    result: dict[str, Any] = json.loads(out.stdout)
     return result
 
 
 def test_a_registered_package_imports_its_submodules_without_its_init() -> None:
-    result = _fresh("""
+    result = in_fresh_interpreter("""
 import json, sys
 before = "kubernetes" in sys.modules
 from nftproxy.bare_packages import register
@@ -40,7 +46,7 @@ print(json.dumps({"before": before, "exception": ConfigException.__name__,
 
 
 def test_a_package_imported_before_is_left_as_it_is() -> None:
-    result = _fresh("""
+    result = in_fresh_interpreter("""
 import json, sys
 import kubernetes
 before = sys.modules["kubernetes"], sys.modules["kubernetes.config"]
@@ -56,7 +62,7 @@ print(json.dumps({"same": (sys.modules["kubernetes"], sys.modules["kubernetes.co
 def test_only_an_installed_package_is_registered(name: str) -> None:
     """A module (not a package), or nothing installed: an ImportError, and
     nothing registered."""
-    result = _fresh(f"""
+    result = in_fresh_interpreter(f"""
 import json, sys
 from nftproxy.bare_packages import register
 before = {name!r} in sys.modules

@@ -49,6 +49,7 @@ from fakeapi import FakeApiServer, ServerTls
 from k8s import node, service
 from kubernetes.config import incluster_config
 from pki import Pki, make_pki
+from test_bare_packages import in_fresh_interpreter
 from test_kube_source import wait_until
 
 from nftproxy.agent.agent import Agent, Source
@@ -344,9 +345,7 @@ print(json.dumps({{"hosts": [in_cluster, off_cluster], "loaded": loaded,
                    "loader_after": "kubernetes.config.kube_config" in sys.modules}}))
 """
     env = {**os.environ, "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env=env)
-    result = json.loads(out.stdout)
+    result = in_fresh_interpreter(code, env)
     assert result["hosts"] == ["https://10.96.0.1:443", "https://127.0.0.1:6443"]
     loaded = set(result["loaded"])
     assert {"kubernetes.client.api_client", "kubernetes.config.incluster_config"} <= loaded

@@ -9,11 +9,8 @@ state is the process's).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+from test_bare_packages import in_fresh_interpreter
 
 from nftproxy.kernel import pyroute2_modules
 
@@ -21,14 +18,8 @@ _AGENTS = ("pyroute2.conntrack", "pyroute2.iproute",
            "pyroute2.netlink.nfnetlink.nfctsocket", "pyroute2.netlink.exceptions")
 
 
-def _fresh(code: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    result: dict[str, object] = json.loads(out.stdout)
-    return result
-
-
 def test_the_agents_modules_load_without_the_rest_of_the_library() -> None:
-    result = _fresh(f"""
+    result = in_fresh_interpreter(f"""
 import json, sys
 from nftproxy.kernel.pyroute2_modules import module
 classes = [module("pyroute2.conntrack").Conntrack.__name__,
@@ -51,7 +42,7 @@ print(json.dumps({{"classes": classes, "loaded": loaded,
 
 
 def test_a_pyroute2_imported_before_is_left_as_it_is() -> None:
-    result = _fresh("""
+    result = in_fresh_interpreter("""
 import json, sys
 import pyroute2
 before = sys.modules["pyroute2"]
