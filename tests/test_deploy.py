@@ -3,7 +3,9 @@
 Aspects: every manifest parses and uses only fields of its kind's API schema
 (the installed kubernetes client's models); the kustomization lists exactly
 the manifests there are; every reference resolves (service account, role
-binding, ConfigMap keys, env vars in args); the ClusterRole grants exactly
+binding, ConfigMap keys, env vars in args); the API server address is a
+required ConfigMap setting with a placeholder that cannot work; the only
+hostPath is typed; the ClusterRole grants exactly
 nftproxy.cluster.kube.API_CALLS; the mounted KubeProxyConfiguration loads
 with nftproxy's own loader without a warning; the probes use its healthz
 port; the container args are `nftproxy run` flags; the DaemonSet has what a
@@ -311,6 +313,30 @@ def test_configmap_key_refs_exist_or_are_optional() -> None:
         assert ref["key"] in data or ref.get("optional") is True, ref
 
 
+API_SERVER_KEYS = {
+    "KUBERNETES_SERVICE_HOST": "kubernetes-service-host",
+    "KUBERNETES_SERVICE_PORT": "kubernetes-service-port",
+}
+
+
+def test_the_api_server_address_is_a_required_setting_of_the_base() -> None:
+    env = {v["name"]: v.get("valueFrom", {}).get("configMapKeyRef") for v in container()["env"]}
+    for var, key in API_SERVER_KEYS.items():
+        ref = env[var]
+        assert ref is not None and ref["key"] == key, var
+        assert ref.get("optional", False) is False, f"{var} must not fall back to the ClusterIP"
+    data = one("ConfigMap")["data"]
+    host, port = data["kubernetes-service-host"], data["kubernetes-service-port"]
+    # the placeholder is no address: an unedited base fails at once, not after a reboot
+    assert host.endswith(".invalid") and not re.fullmatch(r"[0-9a-fA-F.:]+", host), host
+    assert 0 < int(port) < 65536
+    comments = (BASE / "configmap.yaml").read_text()
+    assert "REQUIRED" in comments and "CHANGE THIS" in comments
+    guide = (DEPLOY / "README.md").read_text()
+    assert "**Required on any new cluster, and for every node to come back after a\n" \
+        "whole-cluster reboot.**" in guide
+
+
 # ---- the container ----------------------------------------------------------------------
 
 
@@ -355,6 +381,8 @@ def test_host_mounts_are_lib_modules_read_only_and_nothing_else() -> None:
         v["name"]: v["hostPath"]["path"] for v in pod_spec()["volumes"] if "hostPath" in v
     }
     assert host_paths == {"lib-modules": "/lib/modules"}, "no /run/xtables.lock: no iptables"
+    types = {v["name"]: v["hostPath"].get("type") for v in pod_spec()["volumes"] if "hostPath" in v}
+    assert types == {"lib-modules": "Directory"}  # never created empty on the host
     mount = next(m for m in container()["volumeMounts"] if m["name"] == "lib-modules")
     assert mount == {"name": "lib-modules", "mountPath": "/lib/modules", "readOnly": True}
 

@@ -7,11 +7,14 @@ histogram, the last-sync timestamp, the change counters and the
 no-local-endpoints gauges; network programming latency observes trigger
 times, except those before the agent started; failures, skipped syncs,
 health answers, pending changes, table sizes and conntrack cleanups are
-counted; /metrics is served, other paths are 404.
+counted; /metrics is served, and beside it kube-proxy's /proxyMode,
+/healthz (the health address's answer) and /configz (the effective
+configuration, Go-style durations); other paths are 404.
 """
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,8 +24,11 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from nftproxy.agent.report import FamilySync, SyncReport
-from nftproxy.core.model import IPFamily, NamespacedName
+from nftproxy.core.config import ConntrackConfig, ProxyConfig
+from nftproxy.core.model import IPFamily, NamespacedName, NodeInfo
 from nftproxy.core.tracker import StateSnapshot, UpdateResult
+from nftproxy.serving.configz import configz_body, go_duration
+from nftproxy.serving.health import HealthServer, ProxyHealth
 from nftproxy.serving.metrics import SYNC_BUCKETS, Metrics
 
 NOW = 1_700_000_000.0
@@ -141,9 +147,130 @@ def test_every_name_is_exported_over_http(metrics: Metrics, served: str) -> None
 
 
 def test_other_paths_are_404(served: str) -> None:
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(f"{served}/healthz", timeout=5)
-    assert err.value.code == 404
+    # without a ProxyHealth and a ProxyConfig, /healthz and /configz are not served
+    for path in ("/healthz", "/configz", "/debug/pprof/", "/proxymode"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{served}{path}", timeout=5)
+        assert err.value.code == 404, path
+
+
+def fetch(url: str) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+@pytest.fixture
+def health(clock: FakeClock) -> ProxyHealth:
+    return ProxyHealth(timeout=60.0, clock=clock, monotonic=clock)
+
+
+CONFIG = ProxyConfig(
+    node_name="node-a",
+    node_ips=("192.0.2.7",),
+    cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"),
+    nodeport_addresses=("primary",),
+    masquerade_bit=12,
+    min_sync_period=0.5,
+    metrics_bind_address="127.0.0.1:0",
+    allow_service_external_ips=False,
+    conntrack=ConntrackConfig(tcp_be_liberal=True, udp_timeout=30),
+)
+
+
+@pytest.fixture
+def served_all(metrics: Metrics, health: ProxyHealth) -> Iterator[str]:
+    metrics.serve("127.0.0.1:0", health=health, config=CONFIG)
+    host, port = metrics.address
+    yield f"http://{host}:{port}"
+    metrics.stop()
+
+
+def test_proxy_mode_answers_nftables_as_kube_proxy(served: str) -> None:
+    code, headers, body = fetch(f"{served}/proxyMode")
+    assert (code, body) == (200, b"nftables")
+    assert headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_healthz_on_the_metrics_address_answers_as_the_health_address(
+    metrics: Metrics, health: ProxyHealth, clock: FakeClock, served_all: str
+) -> None:
+    health_server = HealthServer(health, "127.0.0.1:0")
+    health_server.start()
+    try:
+        host, port = health_server.address
+        on_health = f"http://{host}:{port}/healthz"
+        seen = []
+        for step in ("no node", "eligible", "stale change"):
+            if step == "eligible":
+                health.set_node(NodeInfo("node-a"))
+            if step == "stale change":
+                health.queued()
+                clock.now += 61.0
+            ours = fetch(f"{served_all}/healthz")
+            theirs = fetch(on_health)
+            assert (ours[0], ours[2]) == (theirs[0], theirs[2]), step
+            assert ours[1]["Content-Type"] == theirs[1]["Content-Type"] == "application/json"
+            seen.append((ours[0], json.loads(ours[2])["healthy"]))
+        assert seen == [(503, True), (200, True), (503, False)]
+    finally:
+        health_server.stop()
+    # answers on the metrics address are not kube-proxy's healthz counts
+    assert value(metrics, "kubeproxy_proxy_healthz_total", code="200") is None
+
+
+def test_configz_prints_the_effective_configuration_as_kube_proxy(served_all: str) -> None:
+    code, headers, body = fetch(f"{served_all}/configz")
+    assert code == 200
+    assert headers["Content-Type"] == "application/json"
+    doc = json.loads(body)
+    assert list(doc) == ["kubeproxy.config.k8s.io"]
+    config = doc["kubeproxy.config.k8s.io"]
+    assert config["Mode"] == "nftables"
+    assert config["HostnameOverride"] == "node-a"
+    assert config["BindAddress"] == "192.0.2.7"
+    assert config["MetricsBindAddress"] == "127.0.0.1:0"
+    assert config["HealthzBindAddress"] == "0.0.0.0:10256"
+    assert config["NFTables"] == {"MasqueradeBit": 12}
+    assert config["DetectLocalMode"] == "ClusterCIDR"
+    assert config["DetectLocal"]["ClusterCIDRs"] == ["10.244.0.0/16", "fd00:10:244::/56"]
+    assert config["NodePortAddresses"] == ["primary"]
+    assert config["FeatureGates"] == {
+        "AllowServiceExternalIPs": False, "PreferSameTrafficDistribution": True,
+    }
+    assert (config["SyncPeriod"], config["MinSyncPeriod"], config["ConfigSyncPeriod"]) == (
+        "30s", "500ms", "15m0s",
+    )
+    assert config["Linux"] == {
+        "Conntrack": {
+            "MaxPerCore": 32768, "Min": 131072, "TCPEstablishedTimeout": "24h0m0s",
+            "TCPCloseWaitTimeout": "1h0m0s", "TCPBeLiberal": True, "UDPTimeout": "30s",
+            "UDPStreamTimeout": "0s",
+        },
+        "MasqueradeAll": False,
+    }
+
+
+def test_configz_of_the_defaults_leaves_unset_lists_null() -> None:
+    config = configz_body(ProxyConfig())["kubeproxy.config.k8s.io"]
+    assert config["NodePortAddresses"] is None
+    assert config["DetectLocal"]["ClusterCIDRs"] is None
+    assert config["BindAddress"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"), (1, "1s"), (1.5, "1.5s"), (0.25, "250ms"), (0.0000015, "1.5µs"),
+        (30, "30s"), (60, "1m0s"), (90.5, "1m30.5s"), (900, "15m0s"), (3600, "1h0m0s"),
+        (86400, "24h0m0s"), (3661, "1h1m1s"), (-2, "-2s"),
+    ],
+)
+def test_durations_print_as_go_does(seconds: float, text: str) -> None:
+    assert go_duration(seconds) == text
 
 
 def test_metrics_use_their_own_registry() -> None:

@@ -22,7 +22,8 @@ no answer at all (refused, reset, timed out) the wait is capped at
 `unreachable_max` (1 s), so an informer resumes within about a second of
 the server listening again. A 410 re-lists at once; only a loop of 410s or
 of watches that end at once backs off. One WARNING per outage, one INFO
-when it ends.
+when it ends; an outage whose cause the source knows (`Unreachable`) is the
+source's one ERROR instead.
 
 Why raw JSON, not the client's models or `watch.Watch` (measured on
 kubernetes 37.0.2, docs/nft-python-notes.md section 5): the pydantic
@@ -95,6 +96,7 @@ __all__ = [
     "Resource",
     "ResourceStats",
     "Sleep",
+    "Unreachable",
     "strip_object",
 ]
 
@@ -172,7 +174,9 @@ class ResourceStats:
     errors: int = 0  # failed requests and broken streams (each one backs off)
     error_reasons: dict[str, int] = field(  # `errors` by ERROR_REASONS
         default_factory=lambda: dict.fromkeys(ERROR_REASONS, 0))
-    failing: str = ""  # the cause of a TLS or auth failure, until the server answers
+    # the cause of a TLS or auth failure (or of no answer through the ClusterIP
+    # before the first list), until the server answers
+    failing: str = ""
     failing_since: float = 0.0  # clock() of the first such failure in a row
     handler_errors: int = 0  # exceptions raised by the ClusterEvents handler
     objects: int = 0  # objects held now
@@ -201,6 +205,21 @@ class Resource:
 
 class Deliver(Protocol):
     def __call__(self, changes: Sequence[Change], store: Mapping[str, Obj], first: bool) -> None:
+        ...
+
+
+class Unreachable(Protocol):
+    """What to say when the server does not answer before the first list
+    completes, when the cause is known (kube.py: the API server only
+    through the `kubernetes` Service's ClusterIP, which no rule serves yet)."""
+
+    @property
+    def problem(self) -> str:
+        """The cause and its fix on one line, for /healthz."""
+        ...
+
+    def say(self, resource: str, cause: str) -> None:
+        """Log it: one ERROR for all informers."""
         ...
 
 
@@ -243,8 +262,10 @@ class Informer:
         not_served_retry: float,
         log: logging.Logger,
         listing: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+        unreachable: Unreachable | None = None,
     ) -> None:
         self.res = res
+        self.unreachable = unreachable
         self.listing = listing
         self.api_client = api_client
         self.deliver = deliver
@@ -313,12 +334,16 @@ class Informer:
         stats.errors += 1
         stats.error_reasons[reason] = stats.error_reasons.get(reason, 0) + 1
         severe = reason in SEVERE_REASONS
-        if severe:
+        known = self.unreachable if reason == "unreachable" and not stats.synced else None
+        if severe or known is not None:
             if not stats.failing:
                 stats.failing_since = self.clock()
-            stats.failing = cause
+            stats.failing = cause if known is None else known.problem
+        if known is not None:
+            known.say(self.res.name, cause)
         return self.retry.failed(cause, unreachable=reason == "unreachable",
-                                 retry_after=retry_after, severe=severe)
+                                 retry_after=retry_after, severe=severe,
+                                 explained=known is not None)
 
     def _answered(self) -> None:
         """The server answered (a list completed, a watch opened, an optional

@@ -29,6 +29,15 @@ reloaded when they change, as client-go rotates them); a TLS failure,
 `ResourceStats.error_reasons` and shown in `ResourceStats.failing`, which
 /healthz reads (informer.py).
 
+The API server through the `kubernetes` Service's ClusterIP
+(`cluster_ip_route`: the client's server is KUBERNETES_PORT's address, so
+the ConfigMap's kubernetes-service-host/-port are not set to another): when
+it does not answer before the first lists, no rule of this node serves that
+ClusterIP yet (a new cluster, a reboot) and none will be written, so it is
+one ERROR naming the two ConfigMap keys, the same cause in
+`ResourceStats.failing` for /healthz, and DEBUG retries (still every second)
+instead of a WARNING per informer.
+
 Handler calls come from the four threads (the handler must be thread-safe,
 as `Proxier` is); an exception from the handler is logged and counted, and
 the informer goes on.
@@ -42,10 +51,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ipaddress
 import logging
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
@@ -65,6 +76,7 @@ __all__ = [
     "ApiCall",
     "KubeSource",
     "api_calls",
+    "cluster_ip_route",
     "from_config",
 ]
 
@@ -172,8 +184,9 @@ class KubeSource:
     deliver one batch at a time (a page of a first list, a re-list's
     changes, a watch event), never interleaved object by object. `listing()`
     brackets every complete list, its delivery included (the agent pauses
-    its garbage collector: agent/heap.py). `stats` maps resource name ->
-    ResourceStats.
+    its garbage collector: agent/heap.py). `environ` (default os.environ)
+    gives KUBERNETES_PORT, the `kubernetes` Service's address. `stats` maps
+    resource name -> ResourceStats.
     """
 
     def __init__(
@@ -192,8 +205,13 @@ class KubeSource:
         node_wait: float = 10.0,
         logger: logging.Logger | None = None,
         listing: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.api_client = _without_retries(api_client)
+        route = cluster_ip_route(self.api_client.configuration.host,
+                                 os.environ if environ is None else environ)
+        self._unreachable = _ThroughClusterIp(route, logger or logging.getLogger(__name__)) \
+            if route else None
         self.listing = listing
         self.handler = handler
         self.node_name = node_name
@@ -294,6 +312,7 @@ class KubeSource:
             not_served_retry=self.service_cidr_retry,
             log=self.log,
             listing=self.listing,
+            unreachable=self._unreachable,
         )
 
     def _pairs(self, method: Callable[[], Callable[[Obj | None, Obj | None], None]],
@@ -339,6 +358,62 @@ class KubeSource:
                                first: bool) -> None:
         if changes or first:
             self.handler.on_service_cidrs([store[k] for k in sorted(store)])
+
+
+def cluster_ip_route(host: str, environ: Mapping[str, str]) -> str:
+    """"IP:PORT" when the client's server URL `host` is the `kubernetes`
+    Service's ClusterIP, which the kubelet gives every pod as
+    KUBERNETES_PORT ("tcp://10.96.0.1:443"), else "". The ConfigMap's
+    kubernetes-service-host/-port replace only KUBERNETES_SERVICE_HOST/PORT,
+    so the two differ once they are set."""
+    service = urllib.parse.urlsplit(environ.get("KUBERNETES_PORT", ""))
+    server = urllib.parse.urlsplit(host if "//" in host else f"https://{host}")
+    try:
+        same = (
+            service.hostname is not None
+            and server.hostname is not None
+            and ipaddress.ip_address(service.hostname) == ipaddress.ip_address(server.hostname)
+            and service.port == (server.port or (80 if server.scheme == "http" else 443))
+        )
+    except ValueError:  # a name, or a malformed port: not the ClusterIP
+        return ""
+    if not same:
+        return ""
+    return f"[{service.hostname}]:{service.port}" if ":" in str(service.hostname) \
+        else f"{service.hostname}:{service.port}"
+
+
+class _ThroughClusterIp:
+    """The informers' `Unreachable` when the API server is the `kubernetes`
+    Service's ClusterIP: before the first lists no rule of this node serves
+    it (after a reboot), so waiting does not help; said in one ERROR."""
+
+    def __init__(self, route: str, log: logging.Logger) -> None:
+        self.route = route
+        self.log = log
+        self.problem = (
+            f"no answer from the API server through the kubernetes Service's ClusterIP "
+            f"{route}, which nftproxy has not programmed yet: set kubernetes-service-host "
+            f"and kubernetes-service-port in the nftproxy ConfigMap"
+        )
+        self._lock = threading.Lock()
+        self._said = False
+
+    def say(self, resource: str, cause: str) -> None:
+        with self._lock:
+            if self._said:
+                return
+            self._said = True
+        self.log.error(
+            "cannot reach the API server: it is configured as the kubernetes Service's "
+            "ClusterIP %s, and this node has no rule for that Service yet (nftproxy needs "
+            "the API server to write it; kube-proxy's rules are gone after a reboot). Set "
+            "`kubernetes-service-host` and `kubernetes-service-port` in the ConfigMap "
+            "kube-system/nftproxy to the API server's own address (deploy/README.md, "
+            "\"The API server address\"), then `kubectl -n kube-system rollout restart "
+            "ds/nftproxy`. Still retrying (%s: %s)",
+            self.route, resource, cause,
+        )
 
 
 def _without_retries(api_client: Any) -> Any:

@@ -33,7 +33,8 @@ right away); a loop of them (a 410 right after the re-list, a server that
 closes every watch at once) backs off on the same schedule.
 
 Log lines: one WARNING at the first failure of an outage, with the cause
-(an ERROR for a TLS or auth failure, and again if such a cause changes);
+(an ERROR for a TLS or auth failure, and again if such a cause changes;
+only DEBUG lines when the caller explained the outage in its own ERROR);
 DEBUG for each retry, and a WARNING again only every `_WARN_EVERY` while it
 lasts; one INFO when the server answers again, saying after how long.
 """
@@ -109,26 +110,33 @@ class Retry:
         self.last_outage = 0.0  # seconds from the first failure of the last run to success
 
     def failed(self, cause: str, *, unreachable: bool, retry_after: float | None = None,
-               severe: bool = False) -> float:
+               severe: bool = False, explained: bool = False) -> float:
         """A request failed (`unreachable`: no HTTP answer): the delay before
         the next one. Logs the outage's first failure as a WARNING, or as an
         ERROR when `severe` (TLS, 401, 403: waiting does not heal them); a
-        severe cause that differs from the one last logged is logged too."""
+        severe cause that differs from the one last logged is logged too.
+        `explained`: the caller has said why in an ERROR already (the API
+        server only through a ClusterIP no rule serves yet), so each retry is
+        a DEBUG line."""
         if unreachable:
             delay = self._failures.next("unreachable", cap=self.unreachable_max)
         else:
             delay = self._failures.next("answered", retry_after=retry_after)
-        self._log_failure(cause, delay, unreachable, severe)
+        self._log_failure(cause, delay, unreachable, severe, explained)
         return delay
 
-    def _log_failure(self, cause: str, delay: float, unreachable: bool, severe: bool) -> None:
+    def _log_failure(self, cause: str, delay: float, unreachable: bool, severe: bool,
+                     explained: bool) -> None:
         now = self.clock()
         if self._down_since is None:
             self._down_since, self._warned_at, self._down_failures = now, now, 0
             self.outages += 1
             self._logged_cause = ""
         self._down_failures += 1
-        if self._down_failures == 1 or (severe and cause != self._logged_cause):
+        if explained:
+            self._warned_at = now
+            self.log.debug("%s: %s; retrying in %.1fs", self.name, cause, delay)
+        elif self._down_failures == 1 or (severe and cause != self._logged_cause):
             self._announce(cause, delay, unreachable, severe)
         elif now - self._warned_at >= _WARN_EVERY:
             self._warned_at = now

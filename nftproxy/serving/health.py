@@ -56,6 +56,8 @@ __all__ = [
     "ProxyHealth",
     "ServiceHealthServers",
     "SourceProblem",
+    "healthz_response",
+    "livez_response",
 ]
 
 BindErrorCallback = Callable[[NamespacedName, int, OSError], None]

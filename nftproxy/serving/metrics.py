@@ -6,7 +6,10 @@ job: turn what a sync reports into metrics -- the core never touches a
 metric (style.md trap 4). Caller: agent.py, which calls
 `record_sync(report)` after each successful commit, `record_failure()` after
 a refused one, `record_queued()` on every recorded change, and
-`serve(address)` at start-up.
+`serve(address, health=..., config=...)` at start-up. The metrics address
+also answers kube-proxy's /proxyMode ("nftables"), /healthz (the health
+address's answer) and /configz (the effective configuration,
+serving/configz.py).
 
 Names (upstream-nftables-notes.md §3.2), namespace `kubeproxy`:
 sync_proxy_rules_duration_seconds, sync_full_proxy_rules_duration_seconds,
@@ -59,7 +62,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from nftproxy.core.address import parse_address
+from nftproxy.core.config import ProxyConfig
 from nftproxy.core.tracker import UpdateResult
+from nftproxy.serving.configz import configz_response, proxy_mode_response
+from nftproxy.serving.health import ProxyHealth, healthz_response
 from nftproxy.serving.http import NOT_FOUND, HttpEndpoint, Response
 
 __all__ = ["Metrics", "SyncSummary"]
@@ -77,6 +83,9 @@ NETWORK_PROGRAMMING_BUCKETS = (
     *range(120, 301, 30),  # 2 min .. 5 min
 )
 """kube-proxy's network_programming_duration_seconds buckets."""
+
+INVALID_KINDS = ("Service", "EndpointSlice", "Node", "ServiceCIDR")
+"""The kinds whose invalid fields are counted, exported at 0 from the start."""
 
 OPS_BUCKETS = (0, 1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 
@@ -191,6 +200,8 @@ class Metrics(HttpEndpoint):
         self.clock = clock
         self.log = log or logging.getLogger(__name__)
         self.start_time = -math.inf
+        self._health: ProxyHealth | None = None
+        self._configz: Response | None = None
         super().__init__(self._app, name="metrics")
         r = self.registry
         ProcessCollector(registry=r)  # process_* (RSS, CPU, fds), as kube-proxy exports
@@ -274,6 +285,9 @@ class Metrics(HttpEndpoint):
             "invalid_fields_total",
             "Invalid fields skipped in API objects (each reported once per object)",
             ["kind"], namespace=nf, registry=r)
+        for kind in INVALID_KINDS:
+            # a series that exists at 0 lets increase() see a kind's first invalid object
+            self.invalid_fields.labels(kind)
         self.drift_repairs = Counter(
             "drift_repairs_total",
             "Full syncs forced because another process changed nftables, by what the "
@@ -366,15 +380,32 @@ class Metrics(HttpEndpoint):
 
     # ---- serving --------------------------------------------------------------
 
-    def serve(self, address: str) -> None:
-        """Serve /metrics on 'IP:PORT' (port 0: ephemeral) in a thread;
+    def serve(
+        self,
+        address: str,
+        *,
+        health: ProxyHealth | None = None,
+        config: ProxyConfig | None = None,
+    ) -> None:
+        """Serve /metrics and /proxyMode on 'IP:PORT' (port 0: ephemeral) in
+        a thread, as kube-proxy's metrics server does; also /healthz (the
+        health address's answer) with `health` and /configz with `config`.
         OSError if it cannot bind."""
         host, port = parse_address(address)
+        self._health = health
+        self._configz = configz_response(config) if config is not None else None
         # "" is 0.0.0.0 here: /metrics is not dual-stack unless asked for "::"
         self._http.start(host or "0.0.0.0", port)
         self.log.info("serving /metrics", extra={"address": address})
 
     def _app(self, path: str) -> Response:
-        if path != "/metrics":
-            return NOT_FOUND
-        return 200, {"Content-Type": CONTENT_TYPE_LATEST}, generate_latest(self.registry)
+        if path == "/metrics":
+            return 200, {"Content-Type": CONTENT_TYPE_LATEST}, generate_latest(self.registry)
+        if path == "/proxyMode":
+            return proxy_mode_response()
+        if path == "/healthz" and self._health is not None:
+            # not counted in proxy_healthz_total: kube-proxy counts its health server only
+            return healthz_response(self._health.status())
+        if path == "/configz" and self._configz is not None:
+            return self._configz
+        return NOT_FOUND
