@@ -118,11 +118,28 @@ def _one_table(doc: Mapping[str, Any], family: str, name: str) -> dict[str, Any]
 
 
 def our_table(doc: Mapping[str, Any], family: str) -> dict[str, Any] | None:
-    """Our tables of `family` (the main table and its affinity table, read as
-    one: listing.merged_document) out of a listed ruleset (libnftables
-    JSON), as a document of its own; None when neither is there."""
-    main = _one_table(doc, family, TABLE)
-    return merged_document(main, _one_table(doc, family, names.affinity_table(TABLE)), TABLE)
+    """Our live tables of `family` (the main table and its affinity table,
+    read as one: listing.merged_document; of the pair names.table_pair, the
+    one with a base chain, which traffic reaches) out of a listed ruleset
+    (libnftables JSON), as a document of its own; None when neither is
+    there or hooked (a full sync in steps builds its table unhooked)."""
+    name = next((n for n in names.table_pair(TABLE) if _hooked(doc, family, n)), None)
+    if name is None:
+        return None
+    main = _one_table(doc, family, name)
+    return merged_document(main, _one_table(doc, family, names.affinity_table(name)), name)
+
+
+def _hooked(doc: Mapping[str, Any], family: str, table: str) -> bool:
+    """Whether `family table` or its affinity table has a base chain."""
+    tables = (table, names.affinity_table(table))
+    return any(
+        "hook" in item["chain"]
+        for item in doc["nftables"]
+        if "chain" in item
+        and item["chain"].get("family") == family
+        and item["chain"].get("table") in tables
+    )
 
 
 def tables(ns: str) -> dict[str, Any]:

@@ -3,10 +3,10 @@
 `nftproxy run --source` (2,000 Services) runs as a process in a throwaway
 namespace while another process lists the ruleset again and again; it is
 killed with SIGKILL at points spread around its first full commit (timed
-from a first, uninterrupted run's log). Every listing shows either no table
-or the complete one -- what one `nftproxy sync` builds -- never half of it
-(the two tables go in one transaction), and a restart converges to the
-complete table, whatever the kill left.
+from a first, uninterrupted run's log). Every listing shows traffic either
+no table or the complete one -- what one `nftproxy sync` builds -- never
+half of it (the tables are built unhooked and hooked in one transaction),
+and a restart converges to the complete table, whatever the kill left.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ def _sync_once(netns: str, path: Path) -> None:
 def test_a_sigkill_during_the_first_full_commit_never_shows_half_a_table(
     netns: str, tmp_path: Path
 ) -> None:
-    """The first full sync onto absent tables commits the skeleton, then the
-    services in chunks of ~2,000 endpoints (agent/proxier.py). So a listing
-    shows nothing, or the tables with some services each whole (all its
-    endpoints' DNAT elements and its local endpoint's hairpin element) and
-    none half there; an agent killed in between leaves that, and its
+    """The first full sync onto absent tables commits the skeleton without
+    its base chains, then the services in chunks of ~2,000 endpoints, then
+    the base chains in one transaction (agent/chunked.py). So what traffic
+    reaches in a listing is nothing or the complete tables, never a part;
+    an agent killed in between leaves an unhooked table at most, and its
     restart converges."""
     path = tmp_path / "cluster.json"
     big_cluster(path, 2000)
@@ -83,6 +83,9 @@ def test_a_sigkill_during_the_first_full_commit_never_shows_half_a_table(
             time.sleep(0.3)
         outcomes.append(counts(netns) == complete)
         assert watcher.seen and shapes.seen, "the watchers saw nothing"
+        nothing = {"ip": None, "ip6": None}
+        partial = [seen for seen in watcher.seen if seen not in (nothing, complete)]
+        assert not partial, f"a listing showed part of the tables: {partial[:3]}"
         half = [(ip, shape) for seen in shapes.seen if seen for ip, shape in seen.items()
                 if shape != (2, 1)]
         assert not half, f"a listing showed half a service: {half[:3]}"
@@ -96,4 +99,4 @@ def test_a_sigkill_during_the_first_full_commit_never_shows_half_a_table(
     print(f"\n(a) first full commit {commit * 1000:.0f} ms, "
           f"{window[0]:.2f}-{window[1]:.2f}s after start; {runs} SIGKILLs around it: "
           f"table complete after {sum(outcomes)}, not yet after {runs - sum(outcomes)}; "
-          "every listing seen showed whole services only, every restart converged")
+          "every listing seen showed no table or the complete one, every restart converged")

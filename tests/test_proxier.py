@@ -28,7 +28,6 @@ from typing import Any
 
 import kernel
 import pytest
-from faults import in_generation, service_shapes
 from feed import intake
 from k8s import endpoint_slice, node, service
 from kernel import canonical
@@ -41,8 +40,9 @@ from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, NamespacedName
 from nftproxy.core.nft.errors import NftBusy, NftRejected
-from nftproxy.core.nft.listing import list_family, list_family_objects
+from nftproxy.core.nft.listing import list_family, list_family_objects, live_name
 from nftproxy.core.rules.fragment import CompactFragment, Fragment, compact, kernel_name
+from nftproxy.core.rules.names import table_pair
 from nftproxy.kernel.fake import FakeBackend
 
 NODE = "node-a"
@@ -97,10 +97,12 @@ class OldKernel(Recording):
 def listing(backend: FakeBackend) -> str:
     """Our tables of both families by content (each family's main and
     affinity tables; handles and listing order ignored; a destination a
-    partial sync sent through a pick tree read as a full sync's goto)."""
+    partial sync sent through a pick tree read as a full sync's goto), of
+    whichever name of the pair is live."""
+    live = live_name(backend.list_table_objects, CONFIG.table_name)
     return json.dumps(
         [
-            canonical(list_family(backend.list_table, f, CONFIG.table_name), picks_as_gotos=True)
+            canonical(list_family(backend.list_table, f, live), picks_as_gotos=True)
             for f in ("ip", "ip6")
         ],
         sort_keys=True,
@@ -490,8 +492,8 @@ def test_the_heap_policy_brackets_build_and_commit_and_settles_after_the_hooks(
     with pytest.raises(NftRejected):
         proxier.sync()
     assert heap.calls == [
-        # the first full sync onto absent tables commits in steps (two here)
-        ("building", True), ("built, commits", 2), ("hook", True), ("settled", True),
+        # a full sync of one chunk is one transaction
+        ("building", True), ("built, commits", 1), ("hook", True), ("settled", True),
         ("building", False), ("built, commits", 1), ("hook", False), ("settled", False),
         ("building", False), ("built, commits", 1),  # sent, refused: nothing settles
     ]
@@ -540,47 +542,67 @@ def test_plan_full_never_touches_the_kernel(backend: Recording) -> None:
 
 
 class Snapshots(Recording):
-    """Recording that also keeps the ip table as listed after each commit."""
+    """Recording that also keeps, after each commit, what traffic reaches:
+    the ip table of the pair that has base chains (None: neither)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.after: list[Mapping[str, Any]] = []
+        self.after: list[str | None] = []
 
     def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
         super().commit(commands, fresh=fresh)
         if commands:
-            self.after.append(self.list_table("ip", "nftproxy") or {"nftables": []})
+            self.after.append(self.hooked())
+
+    def hooked(self) -> str | None:
+        for name in table_pair(CONFIG.table_name):
+            objects = list_family_objects(self.list_table_objects, "ip", name)
+            if objects is not None and any(objects.chains.values()):
+                doc = list_family(self.list_table, "ip", name)
+                return json.dumps(canonical(doc), sort_keys=True)
+        return None
 
 
-def test_a_first_full_sync_onto_absent_tables_commits_chunks_of_whole_services(
-    clock: Clock,
-) -> None:
+def test_a_full_sync_in_steps_is_reached_by_traffic_only_once_complete(clock: Clock) -> None:
+    """A full sync of more than one chunk is built in a table no hook
+    reaches, then switched to in one transaction that adds its base chains
+    and deletes the live tables: after every commit traffic reaches nothing,
+    the whole old table or the whole new one. Onto absent tables, and over
+    existing ones (a restart, the periodic full sync), whose name alternates."""
     objects = []
     for i in range(6):
         objects += [service(f"s{i}", f"10.96.1.{i + 1}"),
                     endpoint_slice(f"s{i}", [(f"10.244.0.{i + 1}", NODE),
                                              (f"10.244.1.{i + 1}", "node-b")])]
+    whole = Recording()
+    with started(whole):
+        one = Proxier(CONFIG, whole, clock=clock)
+        listed(one, *objects)
+        one.sync()
+        assert len(whole.sent) == 1  # one chunk: one transaction
+        want = json.dumps(canonical(list_family(whole.list_table, "ip", "nftproxy")),
+                          sort_keys=True)
     with started(Snapshots()) as backend:
         assert isinstance(backend, Snapshots)
         proxier = Proxier(CONFIG, backend, clock=clock, fresh_chunk=3)
         listed(proxier, *objects)
         report = proxier.sync()
         assert report.full and report.ops == sum(map(len, backend.sent))
-        # the skeleton, then 3 chunks of 2 services (4 endpoints >= 3 each)
-        assert len(backend.sent) == 4
-        seen = [service_shapes(doc) for doc in backend.after]
-        assert [len(s) for s in seen] == [0, 2, 4, 6]
-        # whole: both endpoints, and the hairpin pair of the one on this node
-        assert all(whole == (2, 1) for s in seen for whole in s.values())
-        table = listing(backend)
-        # over existing tables a full sync goes in steps too (skeleton, the 3
-        # chunks, the final switch of the shared maps: tests/test_resync.py),
-        # and builds the same
+        # leftovers deleted, the skeleton, 3 chunks of 2 services (4 endpoints
+        # >= 3 each), the switch
+        assert len(backend.sent) == 6
+        assert backend.after == [None] * 5 + [want]
         backend.sent.clear()
+        backend.after.clear()
         proxier.request_full_sync()
         assert proxier.sync().full
-        assert len(backend.sent) == 5
-        assert listing(backend) == in_generation(table, "b")  # the choosers' maps: a -> b
+        assert len(backend.sent) == 6
+        assert backend.after == [want] * 6
+        assert backend.list_table("ip", "nftproxy") is None
+        assert backend.list_table("ip", "nftproxy-b") is not None
+        proxier.request_full_sync()
+        assert proxier.sync().full and backend.list_table("ip", "nftproxy-b") is None
+        assert backend.after[-1] == want
 
 
 def _six_services() -> list[dict[str, Any]]:
@@ -603,12 +625,12 @@ class Overlapping(Recording):
 
     def encoded(self, commands: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
         self.encodes += 1
-        if self.encodes == 3:  # the skeleton, the first chunk, the second
+        if self.encodes == 4:  # leftovers, the skeleton, the first chunk, the second
             self.next_encoded.set()
         return super().encoded(commands)
 
     def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
-        if len(self.sent) == 1:
+        if len(self.sent) == 2:  # the first chunk
             self.overlapped = self.next_encoded.wait(10)
         super().commit(commands, fresh=fresh)
 
@@ -622,18 +644,19 @@ def test_a_step_commits_while_the_next_is_staged(clock: Clock) -> None:
         listed(proxier, *_six_services())
         assert proxier.sync().full
         assert backend.overlapped is True
-        assert len(backend.sent) == 4
+        assert len(backend.sent) == 6
         table = listing(backend)
         proxier.request_full_sync()
-        assert proxier.sync().full and listing(backend) == in_generation(table, "b")
+        assert proxier.sync().full and listing(backend) == table
 
 
-def test_a_refused_chunk_stops_the_first_start_and_the_next_sync_converges(
+def test_a_refused_chunk_leaves_no_table_and_the_next_sync_converges(
     backend: Recording, clock: Clock
 ) -> None:
     """The record runs ahead of the kernel by one step: after a refused chunk
-    nothing after it is committed, and the next (full) sync lists the
-    tables and builds what one transaction would."""
+    nothing after it is committed, what the build committed is deleted (a
+    first start that fails leaves no table), and the next (full) sync builds
+    what one transaction would."""
     objects = _six_services()
     whole = Recording()
     with started(whole):
@@ -646,7 +669,7 @@ def test_a_refused_chunk_stops_the_first_start_and_the_next_sync_converges(
     def refuse_the_second_chunk(
         commands: Sequence[Mapping[str, Any]], *, fresh: bool = False
     ) -> None:
-        if len(backend.sent) == 2:
+        if len(backend.sent) == 3:
             backend.refuse_next = NftRejected("Could not process rule: Invalid argument")
         original(commands, fresh=fresh)
 
@@ -655,8 +678,10 @@ def test_a_refused_chunk_stops_the_first_start_and_the_next_sync_converges(
     listed(proxier, *objects)
     with pytest.raises(NftRejected):
         proxier.sync()
-    assert len(backend.sent) == 3  # the skeleton, the first chunk, the refused one
+    # leftovers, the skeleton, the first chunk, the refused one, the build deleted
+    assert len(backend.sent) == 5
     assert not [t for t in threading.enumerate() if t.name.startswith(("render-ahead", "commit"))]
+    assert not backend.run_json({"list": {"tables": {}}})["nftables"][1:]
     report = proxier.sync()
-    assert report.full and len(backend.sent) > 4
-    assert listing(backend) == in_generation(want, "b")
+    assert report.full and len(backend.sent) > 6
+    assert listing(backend) == want

@@ -1,34 +1,33 @@
-"""Full syncs cut into steps, so that their memory follows a chunk, not the cluster.
+"""Full syncs of a large cluster, built where traffic cannot see them.
 
 Layer: agent (orchestration over core/render.py and core/nft; no I/O of its
-own: the proxier records and commits). One job: turn a full sync of a
-large cluster into a sequence of transactions, each committed by the
-proxier (drift bookkeeping, typeof dialect, errors as for any commit):
+own: the proxier records and commits). One job: turn a full sync that is
+too large for one transaction (memory follows the transaction) into steps
+that traffic never sees, then one small transaction that switches:
 
-- onto ABSENT tables (first start): the skeletons (`stage_full`), then the
-  service ports in sorted `chunks` (`stage_partial`), each recorded when
-  staged; nothing is there yet to keep consistent;
-- over EXISTING tables (agent restart, drift repair, periodic full sync):
-  core/nft/resync.py's steps -- skeleton, chunks of owners' chains, then one
-  final transaction that switches every shared map and removes what is no
-  longer desired; recorded at the final step only. Taken when the cluster
-  makes more than one chunk and the listing allows it (`resyncable`: same set
-  declarations, same base-chain hooks); otherwise `steps` returns None and
-  the proxier sends today's single transaction.
+- a step deletes any leftover of the table being built (a build cut short);
+- the skeletons go in without their base chains, so nothing is hooked;
+- the service ports follow in sorted `chunks`, each recorded when staged;
+- the last step adds the base chains and deletes the tables that were
+  live: the kernel holds the complete old ruleset or the complete new one,
+  never a mix.
+
+The build goes into the one of `names.table_pair` that is not live, so a
+restart over existing tables switches from one name to the other. A
+cluster of one chunk is one transaction over the live table instead
+(`build` returns None). ClientIP affinity entries live in the table they
+were learnt in, so a switch forgets them: each such client picks an
+endpoint afresh once.
 
 Steps are lazy: a step is staged when taken, after the previous one was
-recorded (a chunk onto absent tables diffs against what the previous one
-recorded). `run_steps` records and encodes a step when it is staged and
+recorded. `run_steps` records and encodes a step when it is staged and
 commits it in a thread of its own while the next is staged and encoded:
 libnftables runs with the GIL released (ctypes), so the kernel takes one
-chunk while Python makes the next. The record runs ahead of the kernel
-(by the step in flight and the one taken); a refused step stops the steps
-and makes the next sync full, which lists the tables and builds its record
-from the listing (`stage_full`, a resync), not from this one. A step's
-render, which depends on nothing recorded, runs one step further ahead in
-another thread (`_rendered_ahead`), and is compacted there too (`Records`:
-each owner's record, its chains' digests and its elements packed), which
-the staging would otherwise do beside it, holding the GIL.
+chunk while Python makes the next. The record (the build's own
+TableStates, which the proxier takes only once the switch is committed)
+runs ahead of the kernel; a refused step stops the steps. A step's render,
+which depends on nothing recorded, runs one step further ahead in another
+thread (`_rendered_ahead`), compacted there too (`Records`).
 """
 
 from __future__ import annotations
@@ -36,20 +35,20 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar, cast
 
 from nftproxy.agent.report import SyncInput
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import SKELETON, Owner, Staged, TableState
-from nftproxy.core.nft.resync import ResyncPlan, resyncable
 from nftproxy.core.render import RenderedFamily, chunks, render_fresh
-from nftproxy.core.rules.fragment import CompactFragment, compact
-from nftproxy.core.rules.skeleton import GENERATIONS, endpoints_generation
+from nftproxy.core.rules import names
+from nftproxy.core.rules.fragment import Chain, CompactFragment, Fragment, Json, compact
 
-__all__ = ["Chunked", "Records", "Step", "run_steps"]
+__all__ = ["Build", "Chunked", "Records", "Step", "run_steps"]
 
 T = TypeVar("T")
 
@@ -59,76 +58,98 @@ Records = Mapping[IPFamily, Mapping[Owner, CompactFragment]]
 """The compact records of a render's fragments, made with it."""
 Step = tuple[Mapping[IPFamily, Staged], Rendered]
 """One transaction of both families, and the renders it came from (for the
-no-local tallies; empty for the final step of a resync)."""
+no-local tallies; empty for the first and last steps)."""
+Stage = Callable[
+    [Mapping[IPFamily, TableState], Rendered, Listings, Records], dict[IPFamily, Staged]
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """A full sync in steps into table `target`; `tables` are its records,
+    filled as the steps are taken, for the proxier to take once the last
+    step (the switch) is committed."""
+
+    target: str
+    tables: Mapping[IPFamily, TableState]
+    steps: Generator[Step, None, None]
 
 
 @dataclass(frozen=True, slots=True)
 class Chunked:
-    """What a chunked full sync needs of the proxier: its config, the chunk
-    size in endpoints, its tables' records, its `stage` (the fresh path
-    stages as any sync does), whether the backend takes typeof declarations
-    and whether deletes are deferred (EBUSY)."""
+    """What a full sync in steps needs of the proxier: its config, the
+    chunk size in endpoints, its `stage` (given the tables to stage
+    against) and whether the backend takes typeof declarations."""
 
     config: ProxyConfig
     min_endpoints: int
-    tables: Mapping[IPFamily, TableState]
-    stage: Callable[[Rendered, Listings, Records], dict[IPFamily, Staged]]
+    stage: Stage
     typeof: bool = False
-    defer_deletes: bool = False
 
-    def steps(self, snapshot: SyncInput, listings: Listings) -> Generator[Step, None, None] | None:
-        """The steps of the full sync `snapshot` over `listings`, or None:
-        send it as one transaction."""
-        if all(listing is None for listing in listings.values()):
-            return self._fresh(snapshot)
-        return self._resync(snapshot, listings)
-
-    def _renders(
-        self, snapshot: SyncInput, generation: str
-    ) -> Iterator[tuple[Rendered, Records]]:
-        states = {f: inp.state for f, inp in snapshot.families.items()}
-        renders = render_fresh(
-            states,
-            self.config,
-            snapshot.node,
-            snapshot.service_cidrs,
-            self.min_endpoints,
-            generation,
-        )
-        return ((rendered, _records(rendered)) for rendered in renders)
-
-    def _fresh(self, snapshot: SyncInput) -> Generator[Step, None, None]:
-        absent: dict[IPFamily, TableListing | None] = {f: None for f in snapshot.families}
-        generations = {self.tables[f].generation for f in snapshot.families}
-        renders = self._renders(snapshot, min(generations, default=GENERATIONS[0]))
-        with closing(_rendered_ahead(renders)) as ahead:
-            for rendered, records in ahead:
-                yield self.stage(rendered, absent, records), rendered
-
-    def _resync(
-        self, snapshot: SyncInput, listings: Listings
-    ) -> Generator[Step, None, None] | None:
+    def build(self, snapshot: SyncInput, live: str | None) -> Build | None:
+        """The steps of the full sync `snapshot` when the table `live` (None:
+        no table is live) is to be replaced, or None: the cluster makes one
+        chunk, so send it as one transaction."""
         states = [inp.state for inp in snapshot.families.values()]
         if sum(1 for _ in chunks(states, self.min_endpoints)) < 2:
             return None
-        generation = _next_generation(listings)
-        if generation is None:
-            return None
-        renders = self._renders(snapshot, generation)
-        skeletons, _ = next(renders)
-        for family, r in skeletons.items():
-            listing = listings.get(family)
-            self.tables[family].use_typeof(self.typeof)
-            table = self.tables[family].table
-            if listing is not None and not resyncable(table, listing, r.desired()[SKELETON]):
-                return None
-        plans = {
-            f: ResyncPlan(
-                self.tables[f], listings.get(f), generation, defer_deletes=self.defer_deletes
-            )
-            for f in skeletons
+        pair = names.table_pair(self.config.table_name)
+        target = pair[1] if live == pair[0] else pair[0]
+        tables = {
+            f: TableState(f, Table(f.nft_family, target, typeof=self.typeof))
+            for f in snapshot.families
         }
-        return _resync_steps(plans, skeletons, _rendered_ahead(renders))
+        leftovers = [name for name in pair if name != live]
+        return Build(target, tables, self._steps(snapshot, tables, leftovers, live))
+
+    def _steps(
+        self,
+        snapshot: SyncInput,
+        tables: Mapping[IPFamily, TableState],
+        leftovers: list[str],
+        live: str | None,
+    ) -> Generator[Step, None, None]:
+        yield {
+            f: Staged([c for name in leftovers for c in _delete(state, name)], lambda: None)
+            for f, state in tables.items()
+        }, {}
+        states = {f: inp.state for f, inp in snapshot.families.items()}
+        renders = render_fresh(
+            states, self.config, snapshot.node, snapshot.service_cidrs, self.min_endpoints
+        )
+        absent: Listings = {f: None for f in tables}
+        skeletons: dict[IPFamily, Fragment] = {}
+        with closing(_rendered_ahead((r, _records(r)) for r in renders)) as ahead:
+            for rendered, records in ahead:
+                if not skeletons:
+                    skeletons = {f: r.desired()[SKELETON] for f, r in rendered.items()}
+                    rendered = {f: _unhooked(r) for f, r in rendered.items()}
+                yield self.stage(tables, rendered, absent, records), rendered
+        yield {f: _switch(state, skeletons[f], live) for f, state in tables.items()}, {}
+
+
+def _delete(state: TableState, name: str) -> list[Json]:
+    """Delete the family's tables called `name`, whether they exist or not."""
+    return replace(state.table, name=name).delete_tables()
+
+
+def _unhooked(rendered: RenderedFamily) -> RenderedFamily:
+    """A skeleton's render without its base chains."""
+    skeleton = rendered.desired()[SKELETON]
+    chains = tuple(c for c in skeleton.chains if c.hook is None)
+    fragments = {**rendered.fragments, SKELETON: replace(skeleton, chains=chains)}
+    return replace(rendered, fragments=fragments)
+
+
+def _switch(state: TableState, skeleton: Fragment, live: str | None) -> Staged:
+    """The last step: hook the built table (its base chains) and delete the
+    tables that were live, in one transaction."""
+    t = state.table
+    hooked: list[Chain] = [c for c in skeleton.chains if c.hook is not None]
+    commands = [c for chain in hooked for c in (t.add_chain(chain), *t.add_rules(chain))]
+    if live is not None:
+        commands += _delete(state, live)
+    return Staged(commands, lambda: state.adopt(SKELETON, skeleton))
 
 
 _END = object()
@@ -143,34 +164,6 @@ def _rendered_ahead(renders: Iterator[T]) -> Generator[T, None, None]:
         while (item := pending.result()) is not _END:
             pending = worker.submit(next, renders, _END)
             yield cast(T, item)
-
-
-def _next_generation(listings: Listings) -> str | None:
-    """The endpoints-map generation a resync fills: one no listed table
-    holds (None: they hold every one -- resyncs cut short twice -- so one
-    transaction)."""
-    held = {
-        endpoints_generation(name)
-        for listing in listings.values()
-        if listing is not None
-        for name in listing.sets
-    }
-    free = [g for g in GENERATIONS if g not in held]
-    return free[0] if free else None
-
-
-def _resync_steps(
-    plans: Mapping[IPFamily, ResyncPlan],
-    skeletons: Rendered,
-    rest: Generator[tuple[Rendered, Records], None, None],
-) -> Generator[Step, None, None]:
-    yield {f: plans[f].step(r.desired(), first=True) for f, r in skeletons.items()}, skeletons
-    with closing(rest):
-        for rendered, records in rest:
-            yield {
-                f: plans[f].step(r.desired(), records=records.get(f)) for f, r in rendered.items()
-            }, rendered
-    yield {f: plan.final() for f, plan in plans.items()}, {}
 
 
 def _records(rendered: Rendered) -> Records:

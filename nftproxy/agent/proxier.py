@@ -13,12 +13,11 @@ steps over values:
   stage     -- pure (core/nft/plan.py): one ordered transaction per family
   commit    -- one backend.commit() for both families; record on success.
                But a full sync of more than one chunk of ~`fresh_chunk`
-               endpoints goes in steps (agent/chunked.py): onto ABSENT tables
-               the skeleton then the chunks; over existing ones (restart,
-               drift, periodic) the same, then one final step that switches
-               the shared maps: memory follows the chunk, not the cluster.
-               A step is recorded when staged and committed while the next
-               is staged; a refused one makes the next sync full
+               endpoints is built in steps into a table no hook reaches,
+               then switched to in one transaction (agent/chunked.py):
+               memory follows the chunk, not the cluster, and traffic sees
+               the old ruleset or the new one. A refused step makes the
+               next sync full and deletes what the build left
   report    -- a `SyncReport` of plain values, handed to the hooks; its
                figures about every service are kept per applied change
                (agent/tallies.py), so a sync without change costs nothing
@@ -45,11 +44,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nftproxy.agent.chunked import Chunked, Records, Step, run_steps
+from nftproxy.agent.chunked import Build, Chunked, Records, run_steps
 from nftproxy.agent.drift import DriftWatch, drift_reason
 from nftproxy.agent.heap import HeapPolicy, NoHeapPolicy
 from nftproxy.agent.report import (
@@ -77,6 +76,7 @@ from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import Staged, TableState, stage_full, stage_gc, stage_partial
 from nftproxy.core.nft.seam import Backend
 from nftproxy.core.render import RenderedFamily, render_changed, render_full
+from nftproxy.core.rules.names import table_pair
 from nftproxy.core.rules.skeleton import nodeport_ips
 from nftproxy.core.tracker import ProxyState, SyncGate
 
@@ -132,7 +132,7 @@ class Proxier:
         self._on_change = on_change
         self._heap = heap or NoHeapPolicy()
         self.clock = clock
-        self.log = log or logging.getLogger("nftproxy.proxier")
+        self.log = log or logging.getLogger(__name__)
         self._gate = SyncGate()
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
@@ -145,6 +145,8 @@ class Proxier:
         self._defer_deletes = False
         self._last_full = float("-inf")
         self._fresh_chunk = fresh_chunk
+        self._live: str | None = None
+        """Which of the table pair (names.table_pair) is hooked, as last listed or switched to."""
         self._drift = DriftWatch(  # reads nothing unless drift_check_period is set
             lambda: self.backend.generation(),
             period=drift_check_period,
@@ -275,9 +277,9 @@ class Proxier:
             self._collect_garbage()
             listings = self._list_tables() if snapshot.full else {}
             drift = self._drift_reason(listings) if drifted else ""
-            steps = self._chunked().steps(snapshot, listings) if snapshot.full else None
-            if steps is not None:
-                ops, render_s, commit_s = self._build_steps(steps)
+            build = self._chunked().build(snapshot, self._live) if snapshot.full else None
+            if build is not None:
+                ops, render_s, commit_s = self._build_steps(build)
             else:
                 ops, render_s, commit_s = self._build(snapshot, listings)
         except BaseException:
@@ -305,22 +307,43 @@ class Proxier:
         return ops, t_commit - t_render, self.clock() - t_commit
 
     def _chunked(self) -> Chunked:
-        tables = {f: fam.table for f, fam in self._families.items()}
+        def stage(
+            tables: Mapping[IPFamily, TableState],
+            rendered: Mapping[IPFamily, RenderedFamily],
+            listings: Mapping[IPFamily, TableListing | None],
+            records: Records,
+        ) -> dict[IPFamily, Staged]:
+            return self._stage(rendered, listings, records, tables=tables)
+
         return Chunked(
-            self.config,
-            self._fresh_chunk,
-            tables,
-            self._stage,
-            typeof=self.backend.accepts_typeof(),
-            defer_deletes=self._defer_deletes,
+            self.config, self._fresh_chunk, stage, typeof=self.backend.accepts_typeof()
         )
 
-    def _build_steps(self, steps: Generator[Step, None, None]) -> tuple[int, float, float]:
-        """A full sync in steps (agent/chunked.py), each its own transaction."""
-        with self._heap.building(True), self._drift.committing_steps():
-            out = run_steps(steps, self._take_step, self.clock)
+    def _build_steps(self, build: Build) -> tuple[int, float, float]:
+        """A full sync in steps (agent/chunked.py), each its own transaction;
+        once the switch is committed the built tables are ours. A build cut
+        short is deleted (nothing of it was ever hooked)."""
+        try:
+            with self._heap.building(True), self._drift.committing_steps():
+                out = run_steps(build.steps, self._take_step, self.clock)
+        except BaseException:
+            self._delete_build(build)
+            raise
+        for family, fam in self._families.items():
+            fam.table.take(build.tables[family])
+            fam.table.table = build.tables[family].table
+        self._live = build.target
         self._last_full = self.clock()
         return out
+
+    def _delete_build(self, build: Build) -> None:
+        """Best effort: a leftover is also deleted by the next build."""
+        commands = [c for t in build.tables.values() for c in t.table.delete_tables()]
+        try:
+            with self._drift.committing(commands):
+                self.backend.commit(commands)
+        except NftError as exc:
+            self.log.warning("deleting the tables of a full sync cut short failed: %s", exc)
 
     def _snapshot(self, *, force_full: bool = False, take_full_request: bool = False) -> SyncInput:
         """Step 1: apply the trackers and freeze what the sync works from. A
@@ -370,23 +393,37 @@ class Proxier:
         return out
 
     def _list_tables(self) -> dict[IPFamily, TableListing | None]:
-        """Step 3 (full syncs only): what our tables hold in the kernel (each
-        family's main and affinity tables)."""
-        name, objects = self.config.table_name, self.backend.list_table_objects
-        return {f: list_family_objects(objects, f.nft_family, name) for f in FAMILIES}
+        """Step 3 (full syncs only): what our live tables hold in the kernel
+        (each family's main and affinity tables). The live name is the one
+        of the pair whose tables are hooked (`_live`); the records follow it."""
+        objects = self.backend.list_table_objects
+        found = {
+            name: {f: list_family_objects(objects, f.nft_family, name) for f in FAMILIES}
+            for name in table_pair(self.config.table_name)
+        }
+        self._live = next(
+            (n for n, listings in found.items() if any(map(_hooked, listings.values()))), None
+        )
+        name = self._live or self.config.table_name
+        for fam in self._families.values():
+            fam.table.table = replace(fam.table.table, name=name)
+        return found[name]
 
     def _stage(
         self,
         rendered: Mapping[IPFamily, RenderedFamily],
         listings: Mapping[IPFamily, TableListing | None],
         records: Records | None = None,
+        *,
+        tables: Mapping[IPFamily, TableState] | None = None,
     ) -> dict[IPFamily, Staged]:
         """Step 4 (pure): the transaction of each family; `records`: the
-        fragments' compact records where already made."""
+        fragments' compact records where already made; `tables`: the
+        records to stage against (a build's; default: the live tables')."""
         out: dict[IPFamily, Staged] = {}
         typeof = self.backend.accepts_typeof()
         for family, r in rendered.items():
-            table = self._families[family].table
+            table = tables[family] if tables else self._families[family].table
             table.use_typeof(typeof)
             if r.full:
                 out[family] = stage_full(
@@ -415,6 +452,7 @@ class Proxier:
         ops = self._send(staged, rendered, fresh=full)
         if full:
             self._last_full = self.clock()
+            self._live = next(iter(self._families.values())).table.table.name
         return ops
 
     def _send(
@@ -539,3 +577,8 @@ class Proxier:
                 hook(report)
             except Exception:  # a hook must never break syncing
                 self.log.exception("post-sync hook %s failed", getattr(hook, "__name__", hook))
+
+
+def _hooked(listing: TableListing | None) -> bool:
+    """Whether a listed table has a base chain: traffic reaches it."""
+    return listing is not None and any(h is not None for h in listing.chains.values())

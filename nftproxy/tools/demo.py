@@ -54,7 +54,7 @@ from nftproxy.cluster.recorder import Recorder
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.errors import NftError
-from nftproxy.core.nft.listing import list_family
+from nftproxy.core.nft.listing import list_family, live_name
 from nftproxy.kernel import netns
 from nftproxy.kernel.addresses import AddressWatch
 from nftproxy.kernel.libnftables import NftBackend
@@ -359,11 +359,11 @@ class _Demo:
         self.say()
         self.say("== nftproxy dump: the live table, read back from the node namespace ==")
         views = []
+        table = live_name(reader.list_table_objects, self.config.table_name)
         for family in ("ip", "ip6"):
-            doc = list_family(reader.list_table, family, self.config.table_name)
+            doc = list_family(reader.list_table, family, table)
             if doc is not None:
-                views.append(render_text(parse_table(doc, family=family,
-                                                     table=self.config.table_name)))
+                views.append(render_text(parse_table(doc, family=family, table=table)))
         self.say("\n".join(views) if views else "(no table)")
 
     def follow(self, topo: Topology, agent: Agent) -> None:

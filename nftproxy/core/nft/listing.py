@@ -35,6 +35,7 @@ __all__ = [
     "expr_text",
     "list_family",
     "list_family_objects",
+    "live_name",
     "merged_document",
 ]
 
@@ -133,6 +134,18 @@ def list_family_objects(
     return TableListing.of_family(
         list_objects(family, table), list_objects(family, names.affinity_table(table))
     )
+
+
+def live_name(list_objects: Callable[[str, str], TableListing | None], table: str) -> str:
+    """The one of `names.table_pair(table)` whose tables traffic reaches (a
+    base chain in either family), else `table`: a full sync in steps
+    switches from one name to the other (agent/chunked.py)."""
+    for name in names.table_pair(table):
+        for family in ("ip", "ip6"):
+            listing = list_family_objects(list_objects, family, name)
+            if listing is not None and any(h is not None for h in listing.chains.values()):
+                return name
+    return table
 
 
 def list_family(

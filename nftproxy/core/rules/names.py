@@ -28,6 +28,7 @@ __all__ = [
     "local_chain",
     "service_chain",
     "service_hash",
+    "table_pair",
     "tagged",
 ]
 
@@ -125,6 +126,14 @@ def affinity_table(table: str) -> str:
     """The name of the table that holds the chains of the ports with ClientIP
     affinity, beside the main table `table` (fragment.AFFINITY_TABLE)."""
     return table + _AFFINITY_SUFFIX
+
+
+def table_pair(table: str) -> tuple[str, str]:
+    """The two names nftproxy's main table takes in turn: a full sync in
+    steps builds the one that is not live, unhooked, and then switches to it
+    in one transaction (agent/chunked.py). `table_pair("nftproxy")` ==
+    `("nftproxy", "nftproxy-b")`."""
+    return table, table + "-b"
 
 
 def comment(text: str) -> str:
