@@ -177,7 +177,7 @@ def _sync(us: Userspace, ns: str) -> subprocess.CompletedProcess[str]:
 def _old_declarations(us: Userspace, ns: str) -> subprocess.CompletedProcess[str]:
     """The transaction nftproxy sent before it declared by typeof: the
     --dry-run plan (a never-started 1.0.6-dialect fake), applied by `nft -j`."""
-    plan = _run([*HOST_NFTPROXY, "sync", "--dry-run", "--source", SAMPLE])
+    plan = _run([*HOST_NFTPROXY, "sync", "--dry-run", "--json", "--source", SAMPLE])
     commands = [json.loads(line) for line in plan.stdout.splitlines() if line.strip()]
     return _run(us.argv(ns, "nft", "-j", "-f", "-"), json.dumps({"nftables": commands}))
 

@@ -2,7 +2,8 @@
 over FakeBackend; and the conntrack sysctls through a fake filesystem.
 
 Aspects: start syncs the files into the table; an edit of a file changes
-the rules; /healthz, /metrics and the healthCheckNodePort server answer;
+the rules; /healthz, /metrics (with /proxyMode, /healthz and /configz
+beside it) and the healthCheckNodePort server answer;
 a refused commit is counted and retried, and never ends the agent; stop()
 (what SIGTERM does) leaves the tables in place; sysctls are raised like
 kube-proxy's, never lowered, and unwritable files are warnings.
@@ -229,6 +230,16 @@ def test_healthz_metrics_and_the_service_health_server_answer(
     assert 'kubeproxy_proxy_healthz_total{code="200"} 1.0' in text
     assert 'nftproxy_programmed_chains{ip_family="IPv4"}' in text
     assert "kubeproxy_sync_proxy_rules_service_changes_pending 0.0" in text
+
+    # kube-proxy's other paths on the metrics address, wired to this agent
+    assert get(f"http://{host}:{port}/proxyMode") == (200, b"nftables")
+    code, body = get(f"http://{host}:{port}/healthz")
+    assert code == 200 and json.loads(body)["nodeEligible"] is True
+    code, body = get(f"http://{host}:{port}/configz")
+    assert code == 200
+    configz = json.loads(body)["kubeproxy.config.k8s.io"]
+    assert configz["HostnameOverride"] == agent.config.node_name
+    assert configz["MetricsBindAddress"] == agent.config.metrics_bind_address
 
 
 def test_the_health_server_closes_when_the_service_goes(

@@ -59,23 +59,25 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) 
 def test_sync_dry_run_prints_the_sample_clusters_model(
     capsys: pytest.CaptureFixture[str], not_root: None
 ) -> None:
-    assert cli.main(dry_run()) == 0
+    assert cli.main(dry_run("--json")) == 0
     captured = capsys.readouterr()
     lines = [json.loads(line) for line in captured.out.splitlines()]
     texts = [c["nft-text"] for c in lines if "nft-text" in c]  # first: 1.0.6 declares in text
     assert lines[: len(texts)] == [{"nft-text": t} for t in texts]
     # per family the 3 x 32 endpoints map shards, the 3 vip-endpoints and 3
     # nodeport-endpoints maps (one per protocol), their local ones (eTP=Local
-    # destinations) and the affinity set
-    assert len(texts) == 2 * (96 + 2 * (3 + 3) + 1)
+    # destinations) and the affinity set, after the family's marked tables
+    assert len(texts) == 2 * (1 + 96 + 2 * (3 + 3) + 1)
+    assert sum("managed by nftproxy" in t for t in texts) == 2
     assert sum(" endpoints-" in t for t in texts) == 2 * 96
     assert sum(" vip-endpoints-" in t for t in texts) == 2 * 3
     assert sum(" nodeport-endpoints-" in t for t in texts) == 2 * 3
     assert sum(" vip-local-endpoints-" in t for t in texts) == 2 * 3
     assert sum(" nodeport-local-endpoints-" in t for t in texts) == 2 * 3
     commands = lines[len(texts):]
-    assert commands[0] == {"add": {"table": {"family": "ip", "name": "nftproxy"}}}
-    assert {"add": {"table": {"family": "ip6", "name": "nftproxy"}}} in commands
+    mark = "managed by nftproxy"
+    assert commands[0] == {"add": {"table": {"family": "ip", "name": "nftproxy", "comment": mark}}}
+    assert {"add": {"table": {"family": "ip6", "name": "nftproxy", "comment": mark}}} in commands
     out = captured.err
     lines = [ln for ln in out.splitlines() if " INFO " not in ln]
     assert lines[0].startswith("dry run: 6 services, 8 endpoint slices")
@@ -216,8 +218,8 @@ AGENT = {
     "--sync-period", "--min-sync-period",
 }
 FLAGS = {
-    "run": SHARED | RULESET | AGENT | {"--kubeconfig", "--source"},
-    "sync": SHARED | RULESET | {"--source", "--dry-run"},
+    "run": SHARED | RULESET | AGENT | {"--kubeconfig", "--source", "--allow-empty"},
+    "sync": SHARED | RULESET | {"--source", "--dry-run", "--json", "--allow-empty"},
     "dump": SHARED | {"--json", "--service"},
     "cleanup": SHARED,
     "demo": SHARED | RULESET | AGENT | {"--once", "--source"},

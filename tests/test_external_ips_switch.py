@@ -91,7 +91,9 @@ def run_agent(topo: Topology, tmp_path: Path) -> Iterator[RunAgent]:
             "--healthz-bind-address=", "--metrics-bind-address=", "--min-sync-period=0s",
             *flags,
         ])
-        config, source_factory = cli._file_source(args.source, cli._load_config(args))
+        config, source_factory, _ = cli._file_source(
+            args.source, cli._load_config(args), allow_empty=args.allow_empty
+        )
         invalid: list[InvalidField] = []
         agent = Agent(config, backend=NftBackend(netns=topo.node),
                       source_factory=source_factory, on_invalid_field=invalid.append)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, Obj
-from nftproxy.cluster.file import FileSource, SourceError
+from nftproxy.cluster.file import AmbiguousNode, FileSource, SourceError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "nftproxy" / "examples" / "cluster.yaml"
 
@@ -376,10 +376,13 @@ def test_without_a_name_the_only_node_is_chosen(tmp_path: Path) -> None:
     assert source.chosen_node_name == "only"
 
 
-def test_without_a_name_several_nodes_choose_none(tmp_path: Path) -> None:
-    source, rec = load([write_docs(tmp_path / "c.yaml", node("n1"), node("n2"))])
-    assert ("node", None) in rec.take()
-    assert source.chosen_node_name == ""
+def test_without_a_name_several_nodes_are_an_error_naming_them(tmp_path: Path) -> None:
+    """Issue 36 case 3: choosing none made every endpoint remote, silently."""
+    path = write_docs(tmp_path / "c.yaml", node("n1"), node("n2"))
+    rec = Recorder()
+    with pytest.raises(AmbiguousNode, match=r"2 Nodes \(n1, n2\).*--node-name"):
+        FileSource([path], rec).load()
+    assert rec.take() == []
 
 
 # -- reload ---------------------------------------------------------------------------

@@ -183,7 +183,7 @@ def test_the_entrypoint_answers_version_and_a_dry_run(image: Image) -> None:
     assert "nftproxy" in image.run("which", "nftproxy") and image.entrypoint[1:] == ("run",)
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert version in image.run(nftproxy, "--version")
-    plan = image.run(nftproxy, "sync", "--dry-run", "--source", SAMPLE)
+    plan = image.run(nftproxy, "sync", "--dry-run", "--json", "--source", SAMPLE)
     assert "KUBE-SERVICES" in plan and [json.loads(line) for line in plan.splitlines()]
 
 

@@ -125,7 +125,8 @@ def test_ipv4_maps_and_sets_are_golden() -> None:
     assert [TABLE[V4].add_set(s) for s in in_json] == GOLDEN_SETS_V4
     # the endpoints maps: integer keys, which 1.0.6 declares only in nft text
     assert [TABLE[V4].declare_text(s) for s in fragment.sets if s.text_only] == [
-        f"add table ip nftproxy\nadd map ip nftproxy endpoints-{p}-a-{k:02} {{ typeof numgen "
+        "add table ip nftproxy\n"
+        f"add map ip nftproxy endpoints-{p}-a-{k:02} {{ typeof numgen "
         f"random mod 1 . numgen random mod 1 . numgen random mod 1 : ip daddr . {p} dport; "
         f'comment "{p} endpoints: chooser chain key . index -> endpoint"; }}'
         for p in ("tcp", "udp", "sctp")
@@ -135,15 +136,18 @@ def test_ipv4_maps_and_sets_are_golden() -> None:
         for local, which in (("", "endpoint"), ("local-", "local endpoint"))
         for p in ("tcp", "udp", "sctp")
         for text in (
-            f"add table ip nftproxy\nadd map ip nftproxy vip-{local}endpoints-{p}-a {{ typeof "
+            "add table ip nftproxy\n"
+            f"add map ip nftproxy vip-{local}endpoints-{p}-a {{ typeof "
             f"ip daddr . {p} dport . numgen random mod 1 : ip daddr . {p} dport; "
             f'comment "{p} VIP . port . index -> {which}"; }}',
-            f"add table ip nftproxy\nadd map ip nftproxy nodeport-{local}endpoints-{p}-a {{ typeof "
+            "add table ip nftproxy\n"
+            f"add map ip nftproxy nodeport-{local}endpoints-{p}-a {{ typeof "
             f"{p} dport . numgen random mod 1 : ip daddr . {p} dport; "
             f'comment "{p} node port . index -> {which}"; }}',
         )
     ] + [
-        "add table ip nftproxy-affinity\nadd set ip nftproxy-affinity affinity { typeof ip "
+        "add table ip nftproxy-affinity\n"
+        "add set ip nftproxy-affinity affinity { typeof ip "
         "saddr . numgen random mod 1 . numgen random mod 1; flags dynamic, timeout; size "
         '1048576; comment "ClientIP affinity: client . KUBE-SEP key, expiring"; }'
     ]

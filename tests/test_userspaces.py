@@ -309,7 +309,7 @@ def _old_declarations() -> tuple[str, str]:
     the --dry-run plan (a 1.0.6-dialect fake), one JSON command a line -- its
     nft text declarations (the endpoints maps) apart, and the JSON."""
     plan = subprocess.run(
-        [sys.executable, "-m", "nftproxy", "sync", "--dry-run", "--source", SAMPLE],
+        [sys.executable, "-m", "nftproxy", "sync", "--dry-run", "--json", "--source", SAMPLE],
         capture_output=True, text=True, check=True, cwd=REPO,
     )
     lines = [json.loads(line) for line in plan.stdout.splitlines() if line.strip()]

@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry
 
 from nftproxy.agent.drift import FOREIGN_COMMIT
 from nftproxy.agent.heap import AgentHeapPolicy, HeapPolicy
-from nftproxy.agent.intake import Intake, InvalidField
+from nftproxy.agent.intake import DUPLICATE_DESTINATION, INVALID_FIELD, Intake, InvalidField
 from nftproxy.agent.proxier import Proxier
 from nftproxy.agent.report import SyncReport
 from nftproxy.agent.runner import Runner
@@ -239,7 +239,8 @@ class Agent:
         self._serve("health", self._start_healthz)
         if self.config.metrics_bind_address:
             address = self.config.metrics_bind_address
-            self._serve("metrics", lambda: self.metrics.serve(address))
+            self._serve("metrics", lambda: self.metrics.serve(
+                address, health=self.health, config=self.config))
         self.metrics.pending_from(self.proxier.pending_changes)
         self.runner.start()
         self.source = self.source_factory(self.events)
@@ -341,8 +342,9 @@ class Agent:
             self.runner.kick()
 
     def _invalid_field(self, invalid: InvalidField) -> None:
-        """The one stream every invalid field goes through, once each."""
-        self.log.warning("skipped invalid field: %s", invalid)
+        """The one stream every invalid field (and every destination another
+        Service won) goes through, once each."""
+        self.log.warning("%s: %s", _SAID.get(invalid.reason, invalid.reason), invalid)
         self.metrics.record_invalid_field(invalid.problem.kind)
         if self.on_invalid_field is not None:
             try:
@@ -415,6 +417,10 @@ class Agent:
         }
         level = logging.INFO if report.full or report.ops else logging.DEBUG
         self.log.log(level, "synced", extra=fields)
+
+
+_SAID = {INVALID_FIELD: "skipped invalid field", DUPLICATE_DESTINATION: "duplicate destination"}
+"""How the log line names each kind of report."""
 
 
 def _nothing() -> None:

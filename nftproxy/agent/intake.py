@@ -16,6 +16,13 @@ once and a Problem both family views find is reported once.
 Nothing is dropped silently: a Service whose every port is invalid reaches
 the target as a Service with no ports, after its Problems were reported.
 
+Two Services claiming one destination (a cluster IP, external IP or LB VIP
+and port, or a node port; core/destinations.py) are reported here too: the
+API server never allows it, a file source can. The planner programs one
+(the service port whose name sorts first); each loser is reported once,
+through the same stream, as a Problem on the field that names the
+destination, naming the winner; again only if it goes away and comes back.
+
 kube-proxy's AllowServiceExternalIPs switch (KEP-5707) is applied here too:
 with `allow_external_ips` off, every Service reaches the target without its
 externalIPs, and a Service that sets them is reported once, through the same
@@ -33,9 +40,18 @@ from nftproxy.cluster.events import Obj
 from nftproxy.core import convert
 from nftproxy.core.convert import EndpointSliceInfo, Problem
 from nftproxy.core.convert.problems import object_label
-from nftproxy.core.model import IPFamily, NamespacedName, NodeInfo, ServiceInfo
+from nftproxy.core.destinations import Conflict, Destinations
+from nftproxy.core.model import IPFamily, NamespacedName, NodeInfo, ServiceInfo, ServicePort
 
-__all__ = ["Intake", "InvalidField", "InvalidFieldSink", "ProxierEvents", "service_info"]
+__all__ = [
+    "DUPLICATE_DESTINATION",
+    "INVALID_FIELD",
+    "Intake",
+    "InvalidField",
+    "InvalidFieldSink",
+    "ProxierEvents",
+    "service_info",
+]
 
 
 class ProxierEvents(Protocol):
@@ -55,14 +71,21 @@ class ProxierEvents(Protocol):
     def on_synced(self, kind: str) -> None: ...
 
 
+INVALID_FIELD = "InvalidFieldSkipped"
+DUPLICATE_DESTINATION = "DuplicateDestination"
+
+
 @dataclass(frozen=True, slots=True)
 class InvalidField:
-    """One skipped field and the object it is in (what an Event is about)."""
+    """One skipped field and the object it is in (what an Event is about).
+    `reason` tells the kind of report, and is the Event's reason: an invalid
+    field, or a destination another Service won (DUPLICATE_DESTINATION)."""
 
     problem: Problem
     namespace: str
     name: str
     uid: str = ""
+    reason: str = INVALID_FIELD
 
     def __str__(self) -> str:
         return str(self.problem)
@@ -89,6 +112,8 @@ class Intake:
         self.allow_external_ips = allow_external_ips
         self._lock = threading.Lock()
         self._reported: dict[tuple[str, NamespacedName], frozenset[Problem]] = {}
+        self._destinations = Destinations()
+        self._conflicts: set[Conflict] = set()
 
     def on_service(self, previous: Obj | None, current: Obj | None) -> None:
         obj = current if current is not None else previous
@@ -98,7 +123,29 @@ class Intake:
         info, problems = self._service(name, current)
         self._report("Service", obj, name, problems)
         if name is not None:
-            self.target.on_service(name, self._service(name, previous)[0], info)
+            old = self._service(name, previous)[0]
+            self.target.on_service(name, old, info)
+            self._claim(obj, old, info)
+
+    def _claim(self, obj: Obj, old: ServiceInfo | None, new: ServiceInfo | None) -> None:
+        """Record the Service's destinations; report each new loser of one,
+        once (about this object, with its uid, when the loser is this Service)."""
+        with self._lock:
+            touched = self._destinations.update(_ports(old), _ports(new))
+            now = self._destinations.conflicts(touched)
+            before = {c for c in self._conflicts if c.key in touched} if self._conflicts else set()
+            if not now and not before:
+                return
+            self._conflicts = (self._conflicts - before) | now
+            new_conflicts = sorted(now - before)
+        name = convert.service_name(obj)
+        for conflict in new_conflicts:
+            loser = conflict.loser.service
+            problem = Problem("Service", str(loser), conflict.field, conflict.message())
+            uid = _uid(obj) if loser == name else ""
+            self.report(
+                InvalidField(problem, loser.namespace, loser.name, uid, DUPLICATE_DESTINATION)
+            )
 
     def _service(
         self, name: NamespacedName | None, obj: Obj | None
@@ -191,12 +238,20 @@ def _without_external_ips(info: ServiceInfo) -> tuple[ServiceInfo, bool]:
     return ServiceInfo(info.name, ipv4, ipv6), True
 
 
+def _ports(info: ServiceInfo | None) -> list[ServicePort]:
+    return [p for f in IPFamily for p in info.ports(f).values()] if info is not None else []
+
+
 def _invalid_field(problem: Problem, obj: Obj, name: NamespacedName | None) -> InvalidField:
-    meta: Any = obj.get("metadata") if isinstance(obj, Mapping) else None
-    uid = meta.get("uid") if isinstance(meta, Mapping) else None
     return InvalidField(
         problem,
         name.namespace if name is not None else "",
         name.name if name is not None else "",
-        uid if isinstance(uid, str) else "",
+        _uid(obj),
     )
+
+
+def _uid(obj: Obj) -> str:
+    meta: Any = obj.get("metadata") if isinstance(obj, Mapping) else None
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return uid if isinstance(uid, str) else ""

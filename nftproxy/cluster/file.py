@@ -1,6 +1,6 @@
 """A cluster source that reads Kubernetes objects from YAML/JSON files.
 
-Layer: sources (edge: reads files; imports sources.events only). One job:
+Layer: sources (edge: reads files; imports sources.events and core.convert.names). One job:
 feed a `ClusterEvents` handler from manifests on disk, the same way the kube
 source feeds it from the API server; `WatchedFiles` runs one as the agent's
 source (load on start, then watch in a thread). Callers: cli (`sync
@@ -32,8 +32,9 @@ from typing import Any
 import yaml
 
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES, ClusterEvents, Obj
+from nftproxy.core.convert.names import printable
 
-__all__ = ["FileSource", "SourceError", "WatchedFiles"]
+__all__ = ["AmbiguousNode", "FileSource", "SourceError", "WatchedFiles"]
 
 _SERVICE = "Service"
 _ENDPOINT_SLICE = "EndpointSlice"
@@ -49,6 +50,11 @@ _Deliver = Callable[[Obj | None, Obj | None], None]
 
 class SourceError(Exception):
     """A source file is missing or malformed; the message is one line naming it."""
+
+
+class AmbiguousNode(SourceError):
+    """No node name was given and the files hold several Nodes: which one is
+    this node's cannot be told (a configuration error, not a broken file)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +75,10 @@ class FileSource:
     """Feeds a ClusterEvents handler from files; `load()` once, then `reload()`/`watch()`.
 
     `node_name` selects this node's Node object; when it is empty and the
-    files hold exactly one Node, that one is used. `chosen_node_name` tells
-    which Node was delivered ("" if none).
+    files hold exactly one Node, that one is used, and several are an
+    `AmbiguousNode` error. `chosen_node_name` tells which Node was delivered
+    ("" if none). A reload that would take every Service away (an emptied
+    or truncated file) keeps the previous state unless `allow_empty`.
     """
 
     def __init__(
@@ -81,11 +89,13 @@ class FileSource:
         node_name: str = "",
         poll_interval: float = 1.0,
         logger: logging.Logger | None = None,
+        allow_empty: bool = False,
     ) -> None:
         self.paths = tuple(Path(p) for p in paths)
         self.handler = handler
         self.node_name = node_name
         self.poll_interval = poll_interval
+        self.allow_empty = allow_empty
         self.log = logger or logging.getLogger(__name__)
         self.chosen_node_name = ""
         self._delivered = _EMPTY
@@ -104,6 +114,12 @@ class FileSource:
         self._read_ahead = self._read()
         self._signature = signature
         return self._read_ahead.node_name
+
+    @property
+    def service_count(self) -> int:
+        """How many Services the last reading held (read(), or the last delivery)."""
+        snapshot = self._read_ahead if self._read_ahead is not None else self._delivered
+        return len(snapshot.services)
 
     def load(self) -> None:
         """Read every file (unless read() just did) and deliver all objects,
@@ -131,7 +147,9 @@ class FileSource:
         """Re-read the files and deliver only what changed; True if anything did.
 
         A missing or malformed file keeps the previous state: the error is
-        logged and nothing is delivered (someone may be mid-edit).
+        logged and nothing is delivered (someone may be mid-edit). So does a
+        reading without Services where Services were delivered, unless
+        `allow_empty` (one WARNING).
         """
         self._signature = self._stat()  # a broken edit is reported once, not every poll
         try:
@@ -140,6 +158,13 @@ class FileSource:
             self.log.error("%s (keeping the previous state)", exc)
             return False
         old = self._delivered
+        if old.services and not snapshot.services and not self.allow_empty:
+            self.log.warning(
+                "%s: no Service left (%d were delivered); keeping the previous state "
+                "(--allow-empty lets an empty source remove every service)",
+                ", ".join(map(str, self.paths)), len(old.services),
+            )
+            return False
         handler = self.handler
         changed = _deliver_diff(old.services, snapshot.services, handler.on_service)
         changed |= _deliver_diff(old.slices, snapshot.slices, handler.on_endpoint_slice)
@@ -150,6 +175,8 @@ class FileSource:
             handler.on_service_cidrs(snapshot.service_cidrs)
             changed = True
         self._commit(snapshot)
+        if removed := sum(1 for key in old.services if key not in snapshot.services):
+            self.log.info("%d of %d Services left the source files", removed, len(old.services))
         return changed
 
     def watch(self, stop: threading.Event) -> None:
@@ -220,16 +247,21 @@ class FileSource:
         if kind not in _KNOWN:
             if key not in self._warned:
                 self._warned.add(key)
-                self.log.warning("%s: ignoring %s %s (not used by nftproxy)", path, kind, name)
+                self.log.warning("%s: ignoring %s %s (not used by nftproxy)",
+                                 path, printable(kind), _display(key))
             return None
         return key
 
     def _choose_node(self, nodes: Mapping[_Key, Obj]) -> Obj | None:
         if self.node_name:
             return nodes.get((_NODE, "", self.node_name))
-        if len(nodes) == 1:
-            return next(iter(nodes.values()))
-        return None
+        if len(nodes) > 1:
+            found = ", ".join(printable(key[2]) for key in nodes)
+            raise AmbiguousNode(
+                f"{', '.join(map(str, self.paths))}: {len(nodes)} Nodes ({found}) and no node "
+                "name given; which one is this node? (--node-name)"
+            )
+        return next(iter(nodes.values()), None)
 
     def _commit(self, snapshot: _Snapshot) -> None:
         if snapshot.node_name != self.chosen_node_name:
@@ -340,5 +372,5 @@ def _name(obj: Obj) -> str:
 
 
 def _display(key: _Key) -> str:
-    return f"{key[1]}/{key[2]}" if key[1] else key[2]
+    return printable(f"{key[1]}/{key[2]}" if key[1] else key[2])
 

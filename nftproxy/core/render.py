@@ -99,7 +99,8 @@ def render_full(
         SKELETON: render_skeleton(family, config, node, cidrs, generation)
     }
     ctx = _context(family, config, node, generation, pick_trees=False)
-    ports, no_local = _render_ports(state, ctx, state.services)
+    # Sorted: the persistent map iterates in hash order, which varies per process.
+    ports, no_local = _render_ports(state, ctx, sorted(state.services))
     fragments.update(ports)
     return RenderedFamily(family, True, fragments, no_local)
 

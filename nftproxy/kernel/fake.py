@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nftproxy.core.nft.listing import TableListing
+from nftproxy.core.nft.ownership import FoundTable, our_tables
 from nftproxy.kernel.fake_tables import (
     ENOENT,
     FTable,
@@ -168,6 +169,17 @@ class FakeBackend:
             if t is None:
                 return None
             return TableListing.from_json(family, table, self._listing(t, elems=False))
+
+    def find_tables(self, table: str) -> list[FoundTable]:
+        """As NftBackend.find_tables: which of the tables nftproxy writes
+        for `table` exist, with the comment each was created with."""
+        self._check_started()
+        with self._lock:
+            return [
+                FoundTable(family, name, t.comment)
+                for family, name in our_tables(table)
+                if (t := self._tables.get((family, name))) is not None
+            ]
 
     def delete_tables(self, table: str) -> None:
         self.commit(delete_tables_commands(table))

@@ -187,6 +187,7 @@ class FTable:
     chain_refs: Counter[str] = field(default_factory=Counter)
     set_refs: Counter[str] = field(default_factory=Counter)
     next_handle: int = 1
+    comment: str | None = None  # kept apart from obj: 1.0.6's JSON lists no table comment
 
     def handle(self) -> int:
         self.next_handle += 1

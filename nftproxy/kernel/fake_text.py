@@ -1,13 +1,13 @@
 """The nft text declarations FakeBackend takes, read into its JSON commands.
 
 Layer: kernel edge's test double (no kernel). One job: read what
-core/nft/ops.py `Table.declare_text` writes -- `add table F T` and `add
-set|map F T NAME { typeof KEY [: DATA]; [flags ...;] [timeout Ns;] [size N;]
-[comment "..."; ] }`,
-one command per line -- into the JSON commands the fake applies, in the
-shape each libnftables lists such a declaration: 1.1.x keeps the typeof
-expressions, 1.0.6 their datatypes (`"type": ["integer", ...]`, `"map":
-"ipv4_addr . inet_service"`). Anything else raises NotImplementedError.
+core/nft/ops.py `Table.declare_text` writes -- `add table F T [{ comment
+"..."; }]` and `add set|map F T NAME { typeof KEY [: DATA]; [flags ...;]
+[timeout Ns;] [size N;] [comment "..."; ] }`, one command per line -- into
+the JSON commands the fake applies, in the shape each libnftables lists
+such a declaration: 1.1.x keeps the typeof expressions, 1.0.6 their
+datatypes (`"type": ["integer", ...]`, `"map": "ipv4_addr .
+inet_service"`). Anything else raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from nftproxy.core.rules.fragment import SELECTORS
 
 __all__ = ["parse_declarations"]
 
-_TABLE = re.compile(r"^add table (?P<family>\S+) (?P<table>\S+)$")
+_TABLE = re.compile(
+    r'^add table (?P<family>\S+) (?P<table>\S+)(?: \{ comment "(?P<comment>[^"]*)"; \})?$'
+)
 _SET = re.compile(
     r"^add (?P<kind>set|map) (?P<family>\S+) (?P<table>\S+) (?P<name>\S+) \{ (?P<body>.*) \}$"
 )
@@ -70,7 +72,10 @@ def parse_declarations(texts: list[str] | tuple[str, ...], *, v11: bool) -> list
         if not line:
             continue
         if (table := _TABLE.match(line)) is not None:
-            out.append({"add": {"table": {"family": table["family"], "name": table["table"]}}})
+            spec = {"family": table["family"], "name": table["table"]}
+            if table["comment"]:
+                spec["comment"] = table["comment"]
+            out.append({"add": {"table": spec}})
         elif (decl := _SET.match(line)) is not None:
             out.append(_declaration(decl, v11))
         else:

@@ -118,6 +118,7 @@ class Txn:
                     Counter(t.chain_refs),
                     Counter(t.set_refs),
                     t.next_handle,
+                    t.comment,
                 )
             )
             self.tables[key] = t
@@ -148,11 +149,13 @@ class Txn:
         handler(spec)
 
     def _add_table(self, spec: Json) -> None:
+        # The comment is the one the table was created with: the kernel
+        # ignores the comment of an `add` of an existing table.
         key = (spec["family"], spec["name"])
         if key not in self.tables:
             obj = {"family": key[0], "name": key[1], "handle": self.next_table_handle}
             self.next_table_handle += 1
-            self.tables[key] = self._mine(FTable(obj))
+            self.tables[key] = self._mine(FTable(obj, comment=spec.get("comment") or None))
 
     def _flush_table(self, spec: Json) -> None:
         t = self.table(spec["family"], spec["name"])

@@ -6,8 +6,9 @@ list what one table holds (`list_table_objects` -> core/nft/listing.py
 `TableListing`), and say which dialect its JSON declares sets in
 (`accepts_typeof`: typeof for 1.1.x, datatypes for 1.0.6; core/nft/ops.py).
 Callers: the proxier (commit, list_table_objects, accepts_typeof), the agent
-(start, close), the CLI (list_table for `dump`, delete_tables for `cleanup`)
-and the tests; `cli.py` builds the real NftBackend, tests build FakeBackend.
+(start, close), the CLI (list_table for `dump`, delete_tables for `cleanup`,
+find_tables before `sync`, `run` and `cleanup`: core/nft/ownership.py) and
+the tests; `cli.py` builds the real NftBackend, tests build FakeBackend.
 
 NftBackend keeps ONE long-lived libnftables context, owned by a worker thread
 that serves every call over a queue:
@@ -64,9 +65,10 @@ from nftproxy.core.nft.jsontext import transaction_text
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.nfttext import NoText
 from nftproxy.core.nft.nfttext import transaction_text as nft_text
-from nftproxy.core.rules import names
+from nftproxy.core.nft.ownership import FoundTable, our_tables
 from nftproxy.kernel import netns as _netns
 from nftproxy.kernel.nftgen import read_generation
+from nftproxy.kernel.nfttables import read_tables
 
 __all__ = [
     "NftBackend",
@@ -260,14 +262,14 @@ def dumps(doc: Any) -> str:
 
 
 def delete_tables_commands(table: str) -> list[Json]:
-    """Delete `ip <table>` and `ip6 <table>` and their affinity tables
-    (`<table>-affinity`) whether they exist or not: an `add` before each
-    `delete` (libnftables 1.0.6 has no `destroy`)."""
+    """Delete every table nftproxy writes for `table` (ownership.our_tables:
+    both names of the pair, their affinity tables, ip and ip6), whether they
+    exist or not: an `add` before each `delete` (libnftables 1.0.6 has no
+    `destroy`)."""
     commands: list[Json] = []
-    for family in FAMILIES:
-        for name in (table, names.affinity_table(table)):
-            ref = {"family": family, "name": name}
-            commands += [{"add": {"table": ref}}, {"delete": {"table": dict(ref)}}]
+    for family, name in our_tables(table):
+        ref = {"family": family, "name": name}
+        commands += [{"add": {"table": ref}}, {"delete": {"table": dict(ref)}}]
     return commands
 
 
@@ -331,6 +333,8 @@ class NftBackend(_netns.WorkerOwner[Any]):
             text = commands.text
         else:
             text = _transaction(commands, nft_syntax=self._nft_syntax)
+        if text.startswith("{"):
+            self._create_marked(commands)
         rc, err = self._send(text, fresh=fresh)
         if rc != 0 and not text.startswith("{"):
             # The JSON decides what a refusal is (its errors are the typed
@@ -347,6 +351,37 @@ class NftBackend(_netns.WorkerOwner[Any]):
             err = err_json
         if rc != 0:
             raise rejection(err.strip(), commands, first_index=1)
+
+    def _create_marked(self, commands: Sequence[Mapping[str, Any]]) -> None:
+        """Create, in nft's syntax, the tables `commands` add with a comment
+        and that do not exist yet: libnftables 1.0.6's JSON drops a table's
+        comment, and the kernel keeps the one a table was created with. Only
+        a table's creation costs this extra commit (its existence is one
+        netlink dump); a refusal here is left to the transaction itself."""
+        adds = [
+            command
+            for command in commands
+            if isinstance(add := command.get("add"), Mapping)
+            and isinstance(table := add.get("table"), Mapping)
+            and table.get("comment")
+        ]
+        if not adds:
+            return
+        try:
+            existing = {(f, n) for f, n, _ in self._call(lambda _ctx: read_tables())}
+        except OSError:
+            return
+        missing = [
+            add
+            for add in adds
+            if (add["add"]["table"]["family"], add["add"]["table"]["name"]) not in existing
+        ]
+        if not missing:
+            return
+        with contextlib.suppress(NoText):
+            rc, err = self._send(nft_text(missing), fresh=False)
+            if rc != 0:
+                _log.debug("creating marked tables failed: %s", err.strip())
 
     def _send(self, text: str, *, fresh: bool) -> tuple[int, str]:
         """One libnftables call: rc and the error text."""
@@ -407,6 +442,23 @@ class NftBackend(_netns.WorkerOwner[Any]):
                 return None
             raise error
         return TableListing.from_json(family, table, _objects(out))
+
+    def find_tables(self, table: str) -> list[FoundTable]:
+        """Which of the tables nftproxy writes for `table` (main and
+        affinity, ip and ip6; core/nft/ownership.py) exist, each with its
+        comment: one netlink dump of the tables (kernel/nfttables.py), since
+        libnftables 1.0.6's JSON lists no table comment and its text lists
+        every rule with it."""
+        wanted = set(our_tables(table))
+        try:
+            found = self._call(lambda _ctx: read_tables())
+        except OSError as exc:
+            raise NftUnavailable(f"cannot list the nftables tables: {exc}") from exc
+        return [
+            FoundTable(family, name, comment)
+            for family, name, comment in found
+            if (family, name) in wanted
+        ]
 
     def delete_tables(self, table: str) -> None:
         """Delete `ip <table>` and `ip6 <table>`, whichever exist, in one

@@ -18,6 +18,7 @@ instead use the single Node object in the files when no name was given.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -42,13 +43,14 @@ from nftproxy.agent.heap import AgentHeapPolicy
 from nftproxy.agent.intake import InvalidField
 from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import ClusterEvents
-from nftproxy.cluster.file import FileSource, SourceError, WatchedFiles
+from nftproxy.cluster.file import AmbiguousNode, FileSource, SourceError, WatchedFiles
 from nftproxy.cluster.recorder import Recorder
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.convert.names import printable
 from nftproxy.core.model import NamespacedName
 from nftproxy.core.nft.errors import NftError
-from nftproxy.core.nft.listing import list_family
-from nftproxy.core.rules import names
+from nftproxy.core.nft.listing import list_family, live_name
+from nftproxy.core.nft.ownership import foreign_table, our_tables, refusal
 from nftproxy.kernel.addresses import AddressesUnavailable, AddressWatch, read_host_addresses
 from nftproxy.kernel.libnftables import NftBackend, malloc_trim, tune_malloc
 from nftproxy.kernel.sysctl import HostFS
@@ -56,7 +58,7 @@ from nftproxy.serving.health import BindErrorCallback
 from nftproxy.tools.cli_flags import agent_flags, flag_overrides, ruleset_flags, table_flags
 from nftproxy.tools.config_load import build_config, load_config_file
 from nftproxy.tools.config_values import ConfigError
-from nftproxy.tools.dry_run import dry_run, proxier_from_files
+from nftproxy.tools.dry_run import dry_run, files_input
 from nftproxy.tools.log import setup_logging
 from nftproxy.tools.trace_flags import add_parser as add_trace_parser
 
@@ -81,9 +83,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"nftproxy: config: {exc}", file=sys.stderr)
             return 2
-        return command(args, config)
+        try:
+            rc = command(args, config)
+            sys.stdout.flush()  # here, where a closed pipe can still be caught
+        except BrokenPipeError:
+            return _closed_pipe()
+        return rc
     finally:
         logging.getLogger().removeHandler(handler)
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (`| head`): stop quietly, as a process
+    killed by SIGPIPE would, and keep the interpreter's last flush from raising."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 # -- parser ---------------------------------------------------------------------------
@@ -109,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--source", metavar="FILE", action="append",
                      help="read Services/EndpointSlices/Node from FILE instead of the API "
                      "server; repeatable; edits are picked up")
+    run.add_argument("--allow-empty", action="store_true",
+                     help="with --source: let files without any Service remove every "
+                     "programmed service (refused by default: the previous state is kept)")
     run.set_defaults(handler=_cmd_run)
 
     sync = sub.add_parser("sync", parents=[ruleset, table],
@@ -119,7 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="YAML/JSON manifests (e.g. kubectl get svc,endpointslices -A -o yaml); "
                       "repeatable")
     sync.add_argument("--dry-run", action="store_true",
-                      help="print what would be programmed; touch nothing")
+                      help="print what would be programmed (the plan as nft text on stdout, "
+                      "a summary on stderr); touch nothing")
+    sync.add_argument("--json", action="store_true",
+                      help="with --dry-run: print the plan as libnftables JSON, one command "
+                      "a line")
+    sync.add_argument("--allow-empty", action="store_true",
+                      help="let files without any Service remove every programmed service "
+                      "(refused by default)")
     sync.set_defaults(handler=_cmd_sync)
 
     dump = sub.add_parser("dump", parents=[table],
@@ -171,11 +197,12 @@ def _with_hostname(config: ProxyConfig) -> ProxyConfig:
     return replace(config, node_name=socket.gethostname().lower())
 
 
-def _needs_root(command: str) -> int | None:
-    """1 (after saying why) unless running as root; None when root."""
+def _needs_root(command: str, what: str = "program") -> int | None:
+    """1 (after saying why: root is needed to `what` nftables) unless
+    running as root; None when root."""
     if os.geteuid() == 0:
         return None
-    print(f"nftproxy: {command}: needs root (CAP_NET_ADMIN) to program nftables",
+    print(f"nftproxy: {command}: needs root (CAP_NET_ADMIN) to {what} nftables",
           file=sys.stderr)
     return 1
 
@@ -189,18 +216,28 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
         return rc
     events = _ApiEvents()
     heap = AgentHeapPolicy(malloc_trim)
+    services = -1  # the API source: never refused as empty
     try:
         if args.source:
-            config, source_factory = _file_source(args.source, config)
+            config, source_factory, services = _file_source(
+                args.source, config, allow_empty=args.allow_empty
+            )
         else:
             config = _with_hostname(config)
             source_factory, events = _kube_source(args.kubeconfig, config.node_name, heap.bulk)
+    except AmbiguousNode as exc:
+        print(f"nftproxy: config: {exc}", file=sys.stderr)
+        return 2
     except (SourceError, _StartError) as exc:
         print(f"nftproxy: run: {exc}", file=sys.stderr)
         return 1
     tune_malloc()  # before a libnftables context exists
     with NftBackend() as probe:
         if (rc := _unsayable_table_name(probe, config)) is not None:
+            return rc
+        if (rc := _not_our_table(probe, config)) is not None:
+            return rc
+        if (rc := _refuse_emptying("run", probe, config, services, args.allow_empty)) is not None:
             return rc
     agent = Agent(
         config,
@@ -242,16 +279,33 @@ def _unsayable_table_name(backend: NftBackend, config: ProxyConfig) -> int | Non
     return 2
 
 
+def _not_our_table(backend: NftBackend, config: ProxyConfig) -> int | None:
+    """2, with a config error, when a table of this name exists that
+    nftproxy did not create (core/nft/ownership.py): it is left untouched."""
+    try:
+        found = foreign_table(backend.find_tables(config.table_name))
+    except NftError as exc:
+        print(f"nftproxy: {exc}", file=sys.stderr)
+        return 1
+    if found is None:
+        return None
+    print(f"nftproxy: config: {refusal(found)}", file=sys.stderr)
+    return 2
+
+
 class _StartError(Exception):
     """`run` cannot start (no API client, kube source unavailable)."""
 
 
-def _file_source(paths: Sequence[str], config: ProxyConfig) -> tuple[ProxyConfig, SourceFactory]:
-    """The files, read once, now (SourceError here, before anything starts).
-    With no node name given, the files' only Node names this node: the
-    Intake needs the name before the first endpoint arrives. The agent's
-    start() delivers this reading, then the files are watched."""
-    source = FileSource(paths, Recorder(), node_name=config.node_name)
+def _file_source(
+    paths: Sequence[str], config: ProxyConfig, *, allow_empty: bool
+) -> tuple[ProxyConfig, SourceFactory, int]:
+    """The files, read once, now (SourceError here, before anything starts),
+    and how many Services they hold. With no node name given, the files'
+    only Node names this node: the Intake needs the name before the first
+    endpoint arrives. The agent's start() delivers this reading, then the
+    files are watched."""
+    source = FileSource(paths, Recorder(), node_name=config.node_name, allow_empty=allow_empty)
     chosen = source.read()
     if not config.node_name:
         config = replace(config, node_name=chosen)
@@ -261,7 +315,33 @@ def _file_source(paths: Sequence[str], config: ProxyConfig) -> tuple[ProxyConfig
         source.handler = handler  # the Recorder above only stood in until now
         return WatchedFiles(source)
 
-    return config, source_factory
+    return config, source_factory, source.service_count
+
+
+def _refuse_emptying(
+    command: str, backend: NftBackend, config: ProxyConfig, services: int, allow_empty: bool
+) -> int | None:
+    """1, after saying why, when the files hold no Service (`services` 0)
+    while the table holds some: an emptied or truncated file must not
+    silently remove every service (--allow-empty does it on purpose)."""
+    if services != 0 or allow_empty:
+        return None
+    from nftproxy.tools.dump import parse_table  # read only when the files are empty
+
+    held: set[str] = set()
+    table = live_name(backend.list_table_objects, config.table_name)
+    for family in ("ip", "ip6"):
+        doc = list_family(backend.list_table, family, table)
+        if doc is not None:
+            view = parse_table(doc, family=family, table=table)
+            held.update(printable(v.service) for v in view.services)
+    if not held:
+        return None
+    shown = ", ".join(sorted(held)[:3]) + (", ..." if len(held) > 3 else "")
+    print(f"nftproxy: {command}: the source files hold no Service, and table "
+          f"{config.table_name} holds {len(held)} service ports ({shown}); refusing to "
+          "remove them all (--allow-empty does)", file=sys.stderr)
+    return 1
 
 
 @dataclass(frozen=True)
@@ -317,7 +397,7 @@ def _kube_source(
     def on_invalid_field(invalid: InvalidField) -> None:
         kind = invalid.problem.kind
         post(namespace=invalid.namespace or "default", name=invalid.name, uid=invalid.uid,
-             kind=kind, reason="InvalidFieldSkipped", message=str(invalid.problem)[:1024])
+             kind=kind, reason=invalid.reason, message=str(invalid.problem)[:1024])
 
     return source_factory, _ApiEvents(on_bind_error, on_sync_failure, on_invalid_field)
 
@@ -335,7 +415,11 @@ def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
     """Program the table once from the files and exit (`run` keeps syncing)."""
     if args.dry_run:
         try:
-            dry_run(args.source, config, summary=sys.stderr, commands=sys.stdout)
+            dry_run(args.source, config, summary=sys.stderr, commands=sys.stdout,
+                    as_json=args.json)
+        except AmbiguousNode as exc:
+            print(f"nftproxy: config: {exc}", file=sys.stderr)
+            return 2
         except SourceError as exc:
             print(f"nftproxy: sync: {exc}", file=sys.stderr)
             return 1
@@ -345,10 +429,19 @@ def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
     with NftBackend() as backend:
         if (rc := _unsayable_table_name(backend, config)) is not None:
             return rc
+        if (rc := _not_our_table(backend, config)) is not None:
+            return rc
         try:
-            proxier = proxier_from_files(args.source, config, backend)
+            proxier, read = files_input(args.source, config, backend, log=_log)
+            services = len(read.services)
+            if (rc := _refuse_emptying("sync", backend, config, services,
+                                       args.allow_empty)) is not None:
+                return rc
             _read_host_addresses(proxier)
             report = proxier.sync()
+        except AmbiguousNode as exc:
+            print(f"nftproxy: config: {exc}", file=sys.stderr)
+            return 2
         except (SourceError, NftError) as exc:
             print(f"nftproxy: sync: {exc}", file=sys.stderr)
             return 1
@@ -368,20 +461,25 @@ def _read_host_addresses(proxier: Proxier) -> None:
 
 
 def _cmd_dump(args: argparse.Namespace, config: ProxyConfig) -> int:
-    if (rc := _needs_root("dump")) is not None:
+    if (rc := _needs_root("dump", "read")) is not None:
         return rc
     from nftproxy.tools.dump import parse_table, render_text  # only `dump` reads a table
 
     views = []
     with NftBackend() as backend:
+        table = live_name(backend.list_table_objects, config.table_name)
         for family in ("ip", "ip6"):
-            doc = list_family(backend.list_table, family, config.table_name)
+            doc = list_family(backend.list_table, family, table)
             if doc is not None:
-                views.append(parse_table(doc, family=family, table=config.table_name,
+                views.append(parse_table(doc, family=family, table=table,
                                          service=args.service))
     if not views:
         print(f"nftproxy: dump: no table named {config.table_name!r} (ip or ip6): "
               "nftproxy has not programmed this node", file=sys.stderr)
+        return 1
+    if args.service is not None and not any(v.services for v in views):
+        print(f"nftproxy: dump: no service {printable(args.service)!r} in table "
+              f"{config.table_name!r} (ip or ip6)", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps([v.to_json() for v in views], indent=2))
@@ -403,9 +501,11 @@ def _cmd_cleanup(args: argparse.Namespace, config: ProxyConfig) -> int:
     if (rc := _needs_root("cleanup")) is not None:
         return rc
     with NftBackend() as backend:
+        if (rc := _not_our_table(backend, config)) is not None:
+            return rc
         backend.delete_tables(config.table_name)
-    both = f"{config.table_name} and {names.affinity_table(config.table_name)}"
-    print(f"deleted tables ip/ip6 {both} (if present)", file=sys.stderr)
+    deleted = ", ".join(sorted({name for _, name in our_tables(config.table_name)}))
+    print(f"deleted tables ip/ip6 {deleted} (if present)", file=sys.stderr)
     return 0
 
 

@@ -23,11 +23,13 @@ from typing import Any
 from nftproxy.core.address import format_address, parse_address
 from nftproxy.core.config import PRIMARY, DetectLocalMode
 from nftproxy.core.model import IPFamily, family_of
+from nftproxy.core.nft.ownership import our_tables
 from nftproxy.core.rules import names
 
 __all__ = [
     "CONNTRACK_SETTINGS",
     "SETTINGS",
+    "WELL_KNOWN_TABLES",
     "ConfigError",
     "Normaliser",
     "as_bool",
@@ -275,8 +277,34 @@ def _node_name(label: str, value: Any) -> str:
     return as_str(label, value).lower()
 
 
-_TABLE_NAME_MAX = names.NAME_MAX - 1 - len(names.affinity_table(""))
-"""A table name leaves room for its affinity table's `-affinity` (names < 256 bytes)."""
+def _longest_table(table: str) -> str:
+    return max((name for _, name in our_tables(table)), key=len)
+
+
+_TABLE_NAME_MAX = names.NAME_MAX - 1 - len(_longest_table(""))
+"""A table name leaves room for the longest suffix of the tables nftproxy
+writes for it (`-affinity` and the like; names < 256 bytes)."""
+
+
+WELL_KNOWN_TABLES = frozenset(
+    {
+        # iptables-nft (filter, nat, mangle, raw, security), ebtables-nft
+        # (filter, nat, broute) and arptables-nft (filter)
+        "filter",
+        "nat",
+        "mangle",
+        "raw",
+        "security",
+        "broute",
+        # kube-proxy's nftables mode
+        "kube-proxy",
+        # firewalld (inet firewalld; older releases also firewalld_policy_drop)
+        "firewalld",
+        "firewalld_policy_drop",
+    }
+)
+"""Other programs' tables: refused as tableName, whatever their case, so that
+nftproxy cannot replace or delete them even where they do not exist yet."""
 
 
 def _table_name(label: str, value: Any) -> str:
@@ -285,8 +313,38 @@ def _table_name(label: str, value: Any) -> str:
         raise fail(
             label,
             f"{text!r} is not a valid nftables table name of at most {_TABLE_NAME_MAX} "
-            f"characters (its affinity table is {names.affinity_table('<name>')!r})",
+            f"characters (its longest table is {_longest_table('<name>')!r})",
         )
+    for name in sorted({name for _, name in our_tables(text)}, key=len):
+        if name.lower() in WELL_KNOWN_TABLES:
+            raise fail(
+                label,
+                f"{name!r} is another program's table (iptables-nft, ebtables-nft, "
+                "arptables-nft, kube-proxy or firewalld); nftproxy never touches another "
+                "table: choose another name",
+            )
+    return text
+
+
+_IFNAMSIZ = 16
+"""The kernel's interface name buffer, its NUL included."""
+
+
+def _interface_name(label: str, value: Any, *, wildcard: bool = False) -> str:
+    """An interface name the kernel could hold: at most 15 bytes, printable,
+    no whitespace, '/' or ':'; `wildcard`: a prefix nft matches as
+    `PREFIX*`, whose '*' takes one of those bytes."""
+    text = as_str(label, value)
+    limit = _IFNAMSIZ - 1 - (1 if wildcard else 0)
+    if len(text.encode()) > limit:
+        raise fail(
+            label,
+            f"{text!r} is longer than {limit} bytes"
+            + (" (nft matches it as PREFIX*, in a 16-byte interface name)" if wildcard
+               else " (interface names hold at most 15)"),
+        )
+    if any(c in "/:*" or c.isspace() or not c.isprintable() for c in text):
+        raise fail(label, f"{text!r} is not an interface name (no whitespace, '/', ':' or '*')")
     return text
 
 
@@ -317,9 +375,13 @@ SETTINGS: dict[str, tuple[Normaliser, str, str]] = {
     "node_ips": (_node_ips, "bindAddress", "--node-ip"),
     "cluster_cidrs": (_cidr_list, "clusterCIDR", "--cluster-cidr"),
     "detect_local_mode": (_detect_local_mode, "detectLocalMode", "--detect-local-mode"),
-    "bridge_interface": (as_str, "detectLocal.bridgeInterface", "--pod-bridge-interface"),
+    "bridge_interface": (
+        _interface_name,
+        "detectLocal.bridgeInterface",
+        "--pod-bridge-interface",
+    ),
     "interface_name_prefix": (
-        as_str,
+        lambda label, v: _interface_name(label, v, wildcard=True),
         "detectLocal.interfaceNamePrefix",
         "--pod-interface-name-prefix",
     ),

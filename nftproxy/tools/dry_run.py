@@ -2,99 +2,176 @@
 
 Layer: tools (below cli, its only caller; reads files through cluster.file,
 feeds them through the agent's Intake). One job: turn manifests on disk into
-what `sync` needs -- a Proxier fed once from them (`proxier_from_files`: the
-files are read once; every invalid field is logged once, by the Intake, as
-the agent does), and for --dry-run (`dry_run`) the model summary (node,
+what `sync` needs -- a Proxier fed once from them (`files_input`: the files
+are read once; every invalid field is logged once, by the Intake, under the
+caller's logger), and for --dry-run (`dry_run`) the model summary (node,
 service CIDRs, one row per service port and family, on `summary`) and the
-nftables commands of a full sync (one JSON object a line, on `commands`),
-touching nothing. Both come from the one planned sync: the summary shows
-exactly the model the commands were rendered from.
+nftables commands of a full sync (on `commands`: nft text as `nft -f` reads
+it, or with `as_json` one JSON object a line), touching nothing. Both come
+from the one planned sync: the summary shows exactly the model the commands
+were rendered from. Names in the summary are escaped (`printable`): a file's
+names reach the terminal.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from nftproxy.agent.intake import Intake, InvalidField
+from nftproxy.agent.intake import DUPLICATE_DESTINATION, Intake, InvalidField
 from nftproxy.agent.proxier import Proxier
 from nftproxy.agent.report import SyncInput
 from nftproxy.cluster.file import FileSource
 from nftproxy.cluster.recorder import Recorded, Recorder
 from nftproxy.core.config import ProxyConfig
+from nftproxy.core.convert.names import printable
 from nftproxy.core.model import Endpoint, IPFamily, ServicePort
-from nftproxy.core.nft.jsontext import command_text
+from nftproxy.core.nft import jsontext, nfttext
 from nftproxy.core.nft.seam import Backend
 from nftproxy.kernel.fake import FakeBackend
 
-__all__ = ["dry_run", "proxier_from_files"]
+__all__ = ["dry_run", "files_input", "proxier_from_files"]
 
 _log = logging.getLogger(__name__)
 
 
-def proxier_from_files(paths: Sequence[str], config: ProxyConfig, backend: Backend) -> Proxier:
+def proxier_from_files(
+    paths: Sequence[str], config: ProxyConfig, backend: Backend, *, log: logging.Logger = _log
+) -> Proxier:
     """A Proxier fed once from the files (SourceError if one is missing or
-    malformed)."""
-    return _fed(paths, config, backend)[0]
+    malformed); invalid fields are logged on `log`."""
+    return files_input(paths, config, backend, log=log)[0]
 
 
-def dry_run(paths: Sequence[str], config: ProxyConfig, *, summary: Any, commands: Any) -> None:
-    """Print the model summary on `summary` and the commands of a full sync
-    on `commands`, from one reading of the files; touch nothing. Raises
-    SourceError if a file is missing or malformed."""
-    # Never started: planning must not reach it, and any call would raise.
-    proxier, recorded = _fed(paths, config, FakeBackend())
-    planned = proxier.plan_full()
-    lines = [
-        f"dry run: {len(recorded.services)} services, {len(recorded.slices)} "
-        f"endpoint slices from {', '.join(paths)}; nothing was programmed"
-    ]
-    lines += _node_lines(planned.input, known=recorded.node is not None)
-    lines += _table([_HEADER, *_rows(planned.input)])
-    print("\n".join(lines), file=summary)
-    for text in planned.declarations:  # libnftables 1.0.6: sent as nft text first
-        print(json.dumps({"nft-text": text}, separators=(",", ":")), file=commands)
-    for command in planned.commands:
-        print(command_text(command), file=commands)
-
-
-def _fed(paths: Sequence[str], config: ProxyConfig, backend: Backend) -> tuple[Proxier, Recorded]:
+def files_input(
+    paths: Sequence[str], config: ProxyConfig, backend: Backend, *, log: logging.Logger
+) -> tuple[Proxier, Recorded]:
     """Read the files once into a Recorder, then replay them through the
-    Intake into a new Proxier. The node name must be known before the Intake
-    sees endpoints (is_local): with none given, the files' only Node names it."""
+    Intake into a new Proxier; also what was read. The node name must be
+    known before the Intake sees endpoints (is_local): with none given, the
+    files' only Node names it (AmbiguousNode if they hold several).
+    Invalid fields are logged on `log`: the caller's, who speaks."""
     recorder = Recorder()
     source = FileSource(paths, recorder, node_name=config.node_name)
     source.load()
     if not config.node_name and source.chosen_node_name:
         config = replace(config, node_name=source.chosen_node_name)
     proxier = Proxier(config, backend)
+
+    def warn(invalid: InvalidField) -> None:
+        said = "duplicate destination" if invalid.reason == DUPLICATE_DESTINATION else (
+            "skipped invalid field")
+        log.warning("%s: %s", said, invalid)
+
     recorder.replay(
         Intake(
             proxier,
             node_name=config.node_name,
-            report=_warn,
+            report=warn,
             allow_external_ips=config.allow_service_external_ips,
         )
     )
     return proxier, recorder.snapshot()
 
 
-def _warn(invalid: InvalidField) -> None:
-    _log.warning("skipped invalid field: %s", invalid)
+def dry_run(
+    paths: Sequence[str],
+    config: ProxyConfig,
+    *,
+    summary: Any,
+    commands: Any,
+    as_json: bool = False,
+) -> None:
+    """Print the model summary on `summary` and the commands of a full sync
+    on `commands` (nft text; `as_json`: one JSON object a line), from one
+    reading of the files; touch nothing. Raises SourceError if a file is
+    missing or malformed."""
+    # Never started: planning must not reach it, and any call would raise.
+    proxier, recorded = files_input(paths, config, FakeBackend(), log=_log)
+    planned = proxier.plan_full()
+    lines = [
+        f"dry run: {len(recorded.services)} services, {len(recorded.slices)} "
+        f"endpoint slices from {', '.join(map(printable, paths))}; nothing was programmed"
+    ]
+    lines += _node_lines(planned.input, known=recorded.node is not None)
+    lines += _table([_HEADER, *_rows(planned.input)])
+    print("\n".join(lines), file=summary)
+    if as_json:
+        for text in planned.declarations:  # libnftables 1.0.6: sent as nft text first
+            print(json.dumps({"nft-text": text}, separators=(",", ":")), file=commands)
+        for command in planned.commands:
+            print(jsontext.command_text(command), file=commands)
+        return
+    for text in planned.declarations:
+        print(text, file=commands)
+    for command in planned.commands:
+        print(_nft_text(command), file=commands)
+
+
+def _nft_text(command: Mapping[str, Any]) -> str:
+    """One command as `nft -f` reads it: the planner's own text where it has
+    one, a set or map declaration by datatype here (the dry run plans for
+    libnftables 1.0.6, whose declarations have no text in core/nft)."""
+    try:
+        return nfttext.command_text(command)
+    except nfttext.NoText:
+        declared = _declaration_text(command)
+        if declared is None:
+            raise
+        return declared
+
+
+def _declaration_text(command: Mapping[str, Any]) -> str | None:
+    """`add set|map FAMILY TABLE NAME { type ...; }`, or None for any other
+    command or a declaration by typeof."""
+    ((verb, body),) = command.items()
+    ((kind, spec),) = body.items()
+    if verb != "add" or kind not in ("set", "map") or not _types(spec.get("type")):
+        return None
+    typed = _types(spec["type"])
+    if kind == "map":
+        data = _types(spec.get("map"))
+        if not data:
+            return None
+        typed += " : " + data
+    body_parts = [f"type {typed}"]
+    if spec.get("flags"):
+        body_parts.append("flags " + ", ".join(spec["flags"]))
+    if spec.get("timeout") is not None:
+        body_parts.append(f"timeout {int(spec['timeout'])}s")
+    if spec.get("size") is not None:
+        body_parts.append(f"size {int(spec['size'])}")
+    comment = spec.get("comment")
+    if comment:
+        if not isinstance(comment, str) or '"' in comment or "\\" in comment:
+            return None
+        body_parts.append(f'comment "{printable(comment)}"')
+    head = f"add {kind} {spec['family']} {spec['table']} {spec['name']}"
+    return f"{head} {{ {'; '.join(body_parts)}; }}"
+
+
+def _types(value: Any) -> str:
+    """A datatype or a concatenation of datatypes as nft writes it ("" otherwise)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return " . ".join(value)
+    return ""
 
 
 def _node_lines(planned: SyncInput, *, known: bool) -> list[str]:
     node = planned.node
     if not known:
-        lines = [f"node {node.name or '?'}: no Node object (every endpoint counts as remote)"]
+        name = printable(node.name) or "?"
+        lines = [f"node {name}: no Node object (every endpoint counts as remote)"]
     else:
         ips = ", ".join([*node.ipv4, *node.ipv6]) or "no addresses"
         zone = f"; zone {node.zone}" if node.zone else ""
         pods = f"; podCIDRs {', '.join(node.pod_cidrs)}" if node.pod_cidrs else ""
-        lines = [f"node {node.name}: {ips}{zone}{pods}"]
+        lines = [printable(f"node {node.name}: {ips}{zone}{pods}")]
     if planned.service_cidrs:
         lines.append(f"service CIDRs: {', '.join(planned.service_cidrs)}")
     return lines
@@ -158,6 +235,6 @@ def _endpoint_summary(endpoints: set[Endpoint]) -> str:
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        printable("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         for row in rows
     ]

@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nftproxy.core.convert.names import printable
 from nftproxy.core.model import L4Protocol, ServicePortName
 from nftproxy.core.rules import dispatch, names, picks
 from nftproxy.core.rules import skeleton as sk
@@ -406,8 +407,10 @@ def render_text(view: TableView) -> str:
         )
         many = "s" if len(choosers) > 1 else ""
         shared = f" (shared chooser{many} {', '.join(choosers)})" if choosers else ""
-        lines.append(f"    chains: {', '.join(s.chains)}{shared}")
-    return "\n".join(lines)
+        if s.chains or shared:  # a port without endpoints may have neither
+            lines.append(f"    chains: {(', '.join(s.chains) + shared).lstrip()}")
+    # Escaped: comments name services, and whoever wrote the table chose the names.
+    return "\n".join(map(printable, lines))
 
 
 def _endpoint_lines(eps: Sequence[EndpointView], indent: str) -> list[str]:

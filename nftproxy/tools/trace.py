@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ from typing import Any, TextIO
 from nftproxy.cluster.file import SourceError
 from nftproxy.core.address import parse_address
 from nftproxy.core.config import DetectLocalMode, ProxyConfig
+from nftproxy.core.convert.names import printable
 from nftproxy.core.nft.errors import NftError
-from nftproxy.core.nft.listing import list_family
+from nftproxy.core.nft.listing import list_family, live_name
 from nftproxy.core.nft.seam import Backend
 from nftproxy.core.trace import (
     Host,
@@ -51,6 +53,8 @@ from nftproxy.kernel.fake import FakeBackend
 from nftproxy.kernel.libnftables import NftBackend
 from nftproxy.tools.dry_run import proxier_from_files
 from nftproxy.tools.trace_live import LiveError, LiveTrace
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "Tables",
@@ -146,7 +150,8 @@ def kernel_tables(config: ProxyConfig) -> Tables | None:
     except AddressesUnavailable:
         addresses = config.node_ips
     with NftBackend() as backend:
-        return live_tables(backend, config.table_name, addresses)
+        return live_tables(backend, live_name(backend.list_table_objects, config.table_name),
+                           addresses)
 
 
 def live_tables(backend: Backend, name: str, addresses: Sequence[str]) -> Tables | None:
@@ -163,7 +168,7 @@ def planned_tables(paths: Sequence[str], config: ProxyConfig) -> Tables:
     fake = FakeBackend()
     fake.start()
     try:
-        planned = proxier_from_files(paths, config, fake).plan_full()
+        planned = proxier_from_files(paths, config, fake, log=_log).plan_full()
         fake.declare(planned.declarations)
         fake.commit(list(planned.commands))
         listings = {
@@ -305,7 +310,11 @@ def command(args: argparse.Namespace, config: ProxyConfig, out: TextIO | None = 
     except (SourceError, NftError, LookupError, Unsupported, NeedsInput) as exc:
         print(f"nftproxy: trace: {exc}", file=sys.stderr)
         return 1
-    text = json.dumps(result.to_json(), indent=2) if args.json else render_text(result)
+    text = (
+        json.dumps(result.to_json(), indent=2)
+        if args.json
+        else "\n".join(map(printable, render_text(result).split("\n")))  # names from files
+    )
     print(text, file=out or sys.stdout)
     return 0
 
@@ -321,7 +330,7 @@ def _live(args: argparse.Namespace, config: ProxyConfig, out: TextIO) -> int:
         with NftBackend() as backend:
             live = LiveTrace(
                 backend,
-                config.table_name,
+                live_name(backend.list_table_objects, config.table_name),
                 packet,
                 out,
                 count=max(1, args.count),

@@ -14,6 +14,7 @@ should do.)
 
 Modules, one job each:
 - problems: the Problem value, the per-object report, object names;
+- names: object and port names checked as the API server checks them;
 - fields: typed access to JSON fields, sloppy IP and CIDR parsing;
 - service: v1 Service -> ServicePorts of one family;
 - endpointslice: EndpointSlice -> EndpointSliceInfo;

@@ -17,7 +17,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
-from nftproxy.core.convert import fields, problems
+from nftproxy.core.convert import fields, names, problems
 from nftproxy.core.convert.problems import Problem
 from nftproxy.core.model import Endpoint, IPFamily, NamespacedName, ServicePortName
 
@@ -70,6 +70,12 @@ def _slice_info(
     if isinstance(name, Problem):
         return None, [name]
     report = problems.Report("EndpointSlice", str(name))
+    if (why := names.dns1123_label(name.namespace)) is not None:
+        report.add("metadata.namespace", why)
+        return None, report.problems
+    if (why := names.dns1123_subdomain(name.name)) is not None:
+        report.add("metadata.name", why)
+        return None, report.problems
     meta = fields.map_at(eps, "metadata", "metadata", report)
     family = _slice_family(eps.get("addressType"), report)
     if family is None:
@@ -132,6 +138,9 @@ def _slice_ports(
         name = fields.str_at(entry, "name", f"{path}.name", report)
         protocol = fields.protocol(entry, f"{path}.protocol", report)
         port = fields.port_number(entry, path, report, missing="no port number; port ignored")
+        if name and (why := names.dns1123_label(name)) is not None:
+            report.add(f"{path}.name", why)
+            continue
         if name is not None and protocol is not None and port is not None:
             result.append((ServicePortName(service.namespace, service.name, name, protocol), port))
     return result

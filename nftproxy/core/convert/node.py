@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nftproxy.core.convert import fields, problems
+from nftproxy.core.convert import fields, names, problems
 from nftproxy.core.convert.problems import Problem, service_name
 from nftproxy.core.model import NodeInfo
 
@@ -40,6 +40,9 @@ def _node_info(node: Mapping[str, Any]) -> tuple[NodeInfo | None, list[Problem]]
     if name is None:
         return None, [Problem("Node", problems.UNKNOWN, "metadata.name", "missing or not a string")]
     report = problems.Report("Node", name.name)
+    if (why := names.dns1123_subdomain(name.name)) is not None:
+        report.add("metadata.name", why)  # a file's Node: the API server never saw it
+        return None, report.problems
     meta = fields.map_at(node, "metadata", "metadata", report)
     spec = fields.map_at(node, "spec", "spec", report)
     status = fields.map_at(node, "status", "status", report)

@@ -1,6 +1,6 @@
 """Problems: one invalid field of one Kubernetes object, and the object's name.
 
-Layer: convert (imports model only). One job: the reporting side of
+Layer: convert (imports model and convert.names only). One job: the reporting side of
 conversion: the `Problem` value, the `Report` that collects an object's
 problems while it converts, the labels naming the object in a problem
 ("ns/name", "name" for cluster-scoped objects, "<unknown>"), and reading an
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nftproxy.core.convert.names import printable
 from nftproxy.core.model import NamespacedName
 
 __all__ = ["Problem", "service_name"]
@@ -34,7 +35,8 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.obj}: {self.field}: {self.message}"
+        # Escaped: an object's name from a file may hold newlines or terminal escapes.
+        return printable(f"{self.kind} {self.obj}: {self.field}: {self.message}")
 
 
 def service_name(obj: Mapping[str, Any]) -> NamespacedName | None:

@@ -1,7 +1,8 @@
 """v1 Service -> the ServicePorts of one IP family.
 
 Layer: convert (imports model only). One job: turn a v1 Service dict into
-its ServicePorts for one family, with every service-wide field (external
+its ServicePorts for one family, with its names (as the API server checks
+them: a file source's were never checked) and every service-wide field (external
 IPs, load-balancer ingress and source ranges, traffic policies, session
 affinity, health-check node port, traffic distribution) validated. Headless,
 ExternalName and proxy-name-labelled Services, and Services without a
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nftproxy.core.convert import fields, problems
+from nftproxy.core.convert import fields, names, problems
 from nftproxy.core.convert.problems import Problem
 from nftproxy.core.model import (
     DEFAULT_AFFINITY_TIMEOUT,
@@ -27,6 +28,7 @@ from nftproxy.core.model import (
     IPMode,
     L4Protocol,
     LoadBalancerIngress,
+    NamespacedName,
     ServicePort,
     ServicePortName,
     SessionAffinity,
@@ -62,6 +64,9 @@ def _service_ports(
     if isinstance(name, Problem):
         return {}, [name]
     report = problems.Report("Service", str(name))
+    if (why := _invalid_name(name)) is not None:
+        report.add(*why)
+        return {}, report.problems
     if _ignored_by_label(svc) or _is_headless(svc.get("spec")):
         return {}, []
     spec = fields.map_at(svc, "spec", "spec", report)
@@ -86,6 +91,16 @@ def _service_ports(
             continue
         result[key] = template.at_port(key, port, protocol, node_port)
     return result, report.problems
+
+
+def _invalid_name(name: NamespacedName) -> tuple[str, str] | None:
+    """(field, why) when the API server would have refused the name (a file
+    source's Service): the whole Service is skipped."""
+    why = names.dns1123_label(name.namespace)
+    if why is not None:
+        return "metadata.namespace", why
+    why = names.dns1035_label(name.name)
+    return None if why is None else ("metadata.name", why)
 
 
 def _ignored_by_label(svc: Mapping[str, Any]) -> bool:
@@ -191,6 +206,9 @@ def _service_port(
             entry["nodePort"], f"{path}.nodePort", report, low=0, high=65535
         )
         node_port = checked or 0
+    if name and (why := names.dns1123_label(name)) is not None:
+        report.add(f"{path}.name", why)
+        return None
     if name is None or protocol is None or port is None:
         return None
     return name, protocol, port, node_port

@@ -111,8 +111,13 @@ def _comment(spec: Mapping[str, Any]) -> str:
 
 
 def _table(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
-    _only(spec)
-    return f"{verb} table {_where({'family': spec.get('family'), 'table': spec['name']})}"
+    _only(spec, "comment")
+    text = f"{verb} table {_where({'family': spec.get('family'), 'table': spec['name']})}"
+    if not spec.get("comment"):
+        return text
+    if verb != "add":
+        raise NoText(f"{verb} of a table with a comment")
+    return f"{text} {{ comment {_quoted(spec['comment'])}; }}"
 
 
 def _chain(verb: str, kind: str, spec: Mapping[str, Any]) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 from nftproxy.core.nft.jsontext import ElementList, key_json
 from nftproxy.core.nft.listing import expr_text
+from nftproxy.core.nft.ownership import TABLE_MARK
 from nftproxy.core.rules import names
 from nftproxy.core.rules.fragment import (
     SELECTORS,
@@ -116,11 +117,29 @@ class Table:
         return self._obj(name, name=kernel_name(name), **fields)
 
     def add_tables(self) -> list[Json]:
-        """Both tables of the family (`add` is idempotent)."""
+        """Both tables of the family (`add` is idempotent), each marked as
+        nftproxy's by its comment (core/nft/ownership.py)."""
         return [
-            {"add": {"table": {"family": self.family, "name": name}}}
+            {"add": {"table": {"family": self.family, "name": name, "comment": TABLE_MARK}}}
             for name in (self.name, self.affinity_table)
         ]
+
+    def marked_tables_text(self) -> str:
+        """Both tables of the family in nft text, marked: what a batch of
+        `declare_text` declarations starts with (plan.py `_add_set`)."""
+        return "\n".join(
+            f'add table {self.family} {name} {{ comment "{TABLE_MARK}"; }}'
+            for name in (self.name, self.affinity_table)
+        )
+
+    def delete_tables(self) -> list[Json]:
+        """Delete both tables of the family, whether they exist or not (an
+        `add` before each `delete`: 1.0.6 has no `destroy`)."""
+        out: list[Json] = []
+        for add in self.add_tables():
+            spec = add["add"]["table"]
+            out += [add, {"delete": {"table": {"family": spec["family"], "name": spec["name"]}}}]
+        return out
 
     def add_chain(self, chain: Chain) -> Json:
         fields = self._named(_check_name(chain.name))
