@@ -8,13 +8,15 @@ tests record raw events with update_service / update_slice.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from nftproxy.agent.intake import Intake, InvalidField, ProxierEvents, service_info
+from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core import convert
 from nftproxy.core.tracker import EndpointSliceChangeTracker, ServiceChangeTracker
 
-__all__ = ["intake", "update_service", "update_slice"]
+__all__ = ["initial_list", "intake", "update_service", "update_slice"]
 
 Obj = dict[str, Any]
 
@@ -27,6 +29,20 @@ def intake(
     name = node_name or getattr(getattr(proxier, "config", None), "node_name", "")
     return Intake(proxier, node_name=name, report=(problems.append if problems is not None
                                                    else lambda _: None))
+
+
+def initial_list(events: Intake, objects: Iterable[Obj]) -> None:
+    """Deliver `objects` (Nodes, Services, EndpointSlices) as the initial
+    lists, then the end of both lists."""
+    for obj in objects:
+        if obj["kind"] == "Node":
+            events.on_node(obj)
+        elif obj["kind"] == "Service":
+            events.on_service(None, obj)
+        else:
+            events.on_endpoint_slice(None, obj)
+    events.on_synced(KIND_SERVICES)
+    events.on_synced(KIND_ENDPOINT_SLICES)
 
 
 def update_service(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 from fakeapi import FakeApiServer
+from faults import wait_until
 from k8s import node
 
 from nftproxy.agent.agent import Agent, Source
@@ -64,14 +64,6 @@ def healthz(agent: Agent) -> tuple[int, dict[str, Any]]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.01)
 
 
 class Records(logging.Handler):
@@ -145,7 +137,7 @@ def test_no_answer_through_the_cluster_ip_is_one_error_and_a_healthz_problem(
 ) -> None:
     agent, api, source = outage("")
     wait_until(lambda: all(n >= 3 for n in errors_per_resource(source).values()),
-               what="three refused attempts per informer")
+               timeout=15.0, what="three refused attempts per informer")
     code, body = healthz(agent)
     assert code == 503
     assert "kubernetes-service-host" in body["problem"]
@@ -161,7 +153,7 @@ def test_no_answer_through_the_cluster_ip_is_one_error_and_a_healthz_problem(
     # still retrying: the server answers, the lists complete, the problem is gone
     api.start()
     assert agent.synced.wait(15), "the agent did not sync once the server answered"
-    wait_until(lambda: "problem" not in healthz(agent)[1], what="/healthz without a problem")
+    wait_until(lambda: "problem" not in healthz(agent)[1], 15.0, "/healthz without a problem")
     assert len(records.at(logging.ERROR)) == 1
     assert any("answers again" in m for m in records.at(logging.INFO))
 
@@ -171,7 +163,7 @@ def test_no_answer_through_another_address_is_the_usual_warning(
 ) -> None:
     agent, _, source = outage("10.96.0.1:443")
     wait_until(lambda: all(n >= 3 for n in errors_per_resource(source).values()),
-               what="three refused attempts per informer")
+               timeout=15.0, what="three refused attempts per informer")
     assert records.at(logging.ERROR) == []
     assert len(records.at(logging.WARNING)) == len(source.stats)  # one per informer
     assert "problem" not in healthz(agent)[1]

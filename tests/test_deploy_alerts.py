@@ -23,7 +23,7 @@ import re
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 from fakeapi import FakeApiServer
+from faults import wait_until
 from k8s import endpoint_slice, node, service
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -180,14 +181,6 @@ def get(url: str) -> str:
         return str(response.read().decode())
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.02)
-
-
 @dataclass(frozen=True)
 class Scrapes:
     good: Scrape  # after the first sync
@@ -230,15 +223,15 @@ def scrapes() -> Iterator[Scrapes]:
             api.create(service("web", "10.96.0.20"))
             failures = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
             wait_until(lambda: (agent.metrics.registry.get_sample_value(failures) or 0) >= 2,
-                       what="two refused commits")
+                       timeout=15.0, what="two refused commits")
             api.create(service("bad", "10.96.0.11",
                                ports=(("http", 70000, "TCP"), ("ok", 80, "TCP"))))
             backend.refuse.clear()
             invalid = "nftproxy_invalid_fields_total"
             wait_until(lambda: (agent.metrics.registry.get_sample_value(
-                invalid, {"kind": "Service"}) or 0) >= 1, what="the invalid Service counted")
+                invalid, {"kind": "Service"}) or 0) >= 1, 15.0, "the invalid Service counted")
             wait_until(lambda: "ns/web" in str(backend.list_table("ip", config.table_name)),
-                       what="a successful sync after the refusals")
+                       timeout=15.0, what="a successful sync after the refusals")
             yield Scrapes(good, quiet, scrape())
         finally:
             agent.stop()

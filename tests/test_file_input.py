@@ -25,6 +25,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import k8s
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -52,30 +53,14 @@ def service(
     ports: tuple[tuple[str, int], ...] = (("", 80),),
     ip: str = "10.96.0.1",
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "clusterIP": ip,
-            "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports],
-        },
-    }
+    """A TCP Service in namespace `a` (k8s.service) with `ports` (name, port)."""
+    return k8s.service(name, ip, ns=namespace, ports=[(n, p, "TCP") for n, p in ports])
 
 
 def endpoint_slice(name: str, service_name: str, namespace: str = "a", port: str = "") -> Obj:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {"kubernetes.io/service-name": service_name},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": port, "port": 8080, "protocol": "TCP"}],
-        "endpoints": [{"addresses": ["10.244.0.5"], "conditions": {"ready": True}}],
-    }
+    """One ready endpoint on port 8080 named `port` (k8s.endpoint_slice)."""
+    return k8s.endpoint_slice(service_name, [{"ip": "10.244.0.5", "ready": True}], ns=namespace,
+                              name=name, ports=((port, 8080, "TCP"),))
 
 
 def node(name: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any
 
 import kernel
 import pytest
-from feed import intake
+from feed import initial_list, intake
 from k8s import endpoint_slice, node, service
 from kernel import canonical
 
@@ -138,14 +138,7 @@ def feed(proxier: Proxier, problems: list[InvalidField] | None = None) -> Intake
 def listed(proxier: Proxier, *objects: dict[str, Any]) -> Intake:
     """Feed the node, `objects` and the end of both initial lists."""
     events = feed(proxier)
-    events.on_node(node(NODE, ["192.168.50.1"], pod_cidrs=["10.244.0.0/24"]))
-    for obj in objects:
-        if obj["kind"] == "Service":
-            events.on_service(None, obj)
-        else:
-            events.on_endpoint_slice(None, obj)
-    events.on_synced(KIND_SERVICES)
-    events.on_synced(KIND_ENDPOINT_SLICES)
+    initial_list(events, [node(NODE, ["192.168.50.1"], pod_cidrs=["10.244.0.0/24"]), *objects])
     return events
 
 
@@ -557,7 +550,7 @@ class Snapshots(Recording):
     def hooked(self) -> str | None:
         for name in table_pair(CONFIG.table_name):
             objects = list_family_objects(self.list_table_objects, "ip", name)
-            if objects is not None and any(objects.chains.values()):
+            if objects is not None and objects.hooked:
                 doc = list_family(self.list_table, "ip", name)
                 return json.dumps(canonical(doc), sort_keys=True)
         return None

@@ -19,11 +19,10 @@ from typing import Any
 import kernel
 import pytest
 from faults import our_table
+from feed import initial_list, intake
 from k8s import endpoint_slice, node, service
 
-from nftproxy.agent.intake import Intake
 from nftproxy.agent.proxier import Proxier
-from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.nft.errors import NftRejected
 from nftproxy.kernel.libnftables import NftBackend
@@ -63,16 +62,7 @@ def _synced(ns: str, objects: Sequence[Mapping[str, Any]], *, fail_at: int = 0) 
 
             backend.commit = refusing  # type: ignore[method-assign]
         proxier = Proxier(CONFIG, backend, fresh_chunk=CHUNK)
-        intake = Intake(proxier, node_name=NODE, report=lambda _: None)
-        for obj in objects:
-            if obj["kind"] == "Node":
-                intake.on_node(obj)
-            elif obj["kind"] == "Service":
-                intake.on_service(None, obj)
-            else:
-                intake.on_endpoint_slice(None, obj)
-        intake.on_synced(KIND_SERVICES)
-        intake.on_synced(KIND_ENDPOINT_SLICES)
+        initial_list(intake(proxier), objects)
         report = proxier.sync()
         assert report.full
 

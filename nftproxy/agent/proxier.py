@@ -402,7 +402,8 @@ class Proxier:
             for name in table_pair(self.config.table_name)
         }
         self._live = next(
-            (n for n, listings in found.items() if any(map(_hooked, listings.values()))), None
+            (n for n, listings in found.items() if any(t and t.hooked for t in listings.values())),
+            None,
         )
         name = self._live or self.config.table_name
         for fam in self._families.values():
@@ -577,8 +578,3 @@ class Proxier:
                 hook(report)
             except Exception:  # a hook must never break syncing
                 self.log.exception("post-sync hook %s failed", getattr(hook, "__name__", hook))
-
-
-def _hooked(listing: TableListing | None) -> bool:
-    """Whether a listed table has a base chain: traffic reaches it."""
-    return listing is not None and any(h is not None for h in listing.chains.values())

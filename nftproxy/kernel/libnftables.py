@@ -65,7 +65,9 @@ from nftproxy.core.nft.jsontext import transaction_text
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.nfttext import NoText
 from nftproxy.core.nft.nfttext import transaction_text as nft_text
+from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.ownership import FoundTable, our_tables
+from nftproxy.core.rules import names
 from nftproxy.kernel import netns as _netns
 from nftproxy.kernel.nftgen import read_generation
 from nftproxy.kernel.nfttables import read_tables
@@ -261,16 +263,16 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-def delete_tables_commands(table: str) -> list[Json]:
-    """Delete every table nftproxy writes for `table` (ownership.our_tables:
-    both names of the pair, their affinity tables, ip and ip6), whether they
-    exist or not: an `add` before each `delete` (libnftables 1.0.6 has no
-    `destroy`)."""
-    commands: list[Json] = []
-    for family, name in our_tables(table):
-        ref = {"family": family, "name": name}
-        commands += [{"add": {"table": ref}}, {"delete": {"table": dict(ref)}}]
-    return commands
+def delete_tables_commands(table: str) -> list[Mapping[str, Any]]:
+    """Delete every table nftproxy writes for `table` (both names of the
+    pair, their affinity tables, ip and ip6), whether they exist or not
+    (ops.Table.delete_tables)."""
+    return [
+        command
+        for family in FAMILIES
+        for name in names.table_pair(table)
+        for command in Table(family, name).delete_tables()
+    ]
 
 
 def _unavailable(exc: BaseException) -> BaseException:

@@ -16,45 +16,35 @@ reads the generation).
 from __future__ import annotations
 
 import os
-import socket
 import struct
+
+from nftproxy.kernel.nfnetlink import (
+    HEADER,
+    NFGENMSG,
+    NFNL_SUBSYS_NFTABLES,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    attributes,
+    requested,
+)
 
 __all__ = ["read_tables"]
 
-_NETLINK_NETFILTER = 12
-_NFNL_SUBSYS_NFTABLES = 10
 _NFT_MSG_GETTABLE = 1
 _NFT_MSG_NEWTABLE = 0
 _NFTA_TABLE_NAME = 1
 _NFTA_TABLE_USERDATA = 6
 _NFTNL_UDATA_TABLE_COMMENT = 0
-_NLMSG_ERROR = 2
-_NLMSG_DONE = 3
-_NLM_F_REQUEST = 1
-_NLM_F_DUMP = 0x300
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
-_NFGENMSG = struct.Struct("=BBH")  # family, version, res_id
-_ATTR = struct.Struct("=HH")  # nlattr: len, type
-_TIMEOUT = 2.0
 _FAMILIES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
 
 
 def read_tables() -> list[tuple[str, str, str | None]]:
     """(family, name, comment or None) of every table in this thread's
     namespace; OSError if the kernel cannot be asked."""
-    request = _NFGENMSG.pack(socket.AF_UNSPEC, 0, 0)
-    header = _HEADER.pack(
-        _HEADER.size + len(request),
-        (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_GETTABLE,
-        _NLM_F_REQUEST | _NLM_F_DUMP,
-        1,
-        0,
-    )
     tables: list[tuple[str, str, str | None]] = []
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_NETFILTER) as sock:
-        sock.settimeout(_TIMEOUT)
-        sock.bind((0, 0))
-        sock.send(header + request)
+    with requested(_NFT_MSG_GETTABLE, NLM_F_REQUEST | NLM_F_DUMP) as sock:
         while True:
             if _parse(sock.recv(65536), tables):
                 return tables
@@ -63,37 +53,31 @@ def read_tables() -> list[tuple[str, str, str | None]]:
 def _parse(answer: bytes, tables: list[tuple[str, str, str | None]]) -> bool:
     """Append the tables of one datagram; True once the dump is done."""
     pos = 0
-    while pos + _HEADER.size <= len(answer):
-        length, kind, _, _, _ = _HEADER.unpack_from(answer, pos)
-        if length < _HEADER.size:
+    while pos + HEADER.size <= len(answer):
+        length, kind, _, _, _ = HEADER.unpack_from(answer, pos)
+        if length < HEADER.size:
             raise OSError("malformed netlink answer to NFT_MSG_GETTABLE")
-        if kind == _NLMSG_DONE:
+        if kind == NLMSG_DONE:
             return True
-        if kind == _NLMSG_ERROR:
-            (code,) = struct.unpack_from("=i", answer, pos + _HEADER.size)
+        if kind == NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", answer, pos + HEADER.size)
             if code == 0:
                 return True
             raise OSError(-code, f"NFT_MSG_GETTABLE: {os.strerror(-code)}")
-        if kind == (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_NEWTABLE:
+        if kind == (NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_NEWTABLE:
             tables.append(_table(answer[pos : pos + length]))
         pos += (length + 3) & ~3
     return False
 
 
 def _table(message: bytes) -> tuple[str, str, str | None]:
-    family, _, _ = _NFGENMSG.unpack_from(message, _HEADER.size)
+    family, _, _ = NFGENMSG.unpack_from(message, HEADER.size)
     name, comment = "", None
-    pos = _HEADER.size + _NFGENMSG.size
-    while pos + _ATTR.size <= len(message):
-        attr_len, attr_type = _ATTR.unpack_from(message, pos)
-        if attr_len < _ATTR.size:
-            break
-        value = message[pos + _ATTR.size : pos + attr_len]
-        if attr_type & 0x3FFF == _NFTA_TABLE_NAME:
+    for attr_type, value in attributes(message):
+        if attr_type == _NFTA_TABLE_NAME:
             name = value.rstrip(b"\0").decode(errors="replace")
-        elif attr_type & 0x3FFF == _NFTA_TABLE_USERDATA:
+        elif attr_type == _NFTA_TABLE_USERDATA:
             comment = _comment(value)
-        pos += (attr_len + 3) & ~3
     return _FAMILIES.get(family, str(family)), name, comment
 
 

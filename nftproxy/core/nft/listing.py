@@ -69,6 +69,11 @@ class TableListing:
     chains: Mapping[str, BaseHook | None]
     sets: Mapping[str, ListedSet]
 
+    @property
+    def hooked(self) -> bool:
+        """Whether the table has a base chain: traffic reaches it."""
+        return any(h is not None for h in self.chains.values())
+
     @classmethod
     def from_json(cls, family: str, table: str, objects: Iterable[Json]) -> TableListing:
         """Pick `family table`'s chains, sets and maps out of listed objects
@@ -143,7 +148,7 @@ def live_name(list_objects: Callable[[str, str], TableListing | None], table: st
     for name in names.table_pair(table):
         for family in ("ip", "ip6"):
             listing = list_family_objects(list_objects, family, name)
-            if listing is not None and any(h is not None for h in listing.chains.values()):
+            if listing is not None and listing.hooked:
                 return name
     return table
 

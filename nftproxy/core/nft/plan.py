@@ -258,7 +258,8 @@ def _remove_set(
 
 def _add_set(b: _Batch, t: Table, decl: SetDecl) -> None:
     if t.declares_in_text(decl):
-        if not b.declare:  # the mark once a batch: one per declaration raised 1.0.6's peak RSS
+        # The mark once a batch: 1.0.6 holds far more memory when every declaration carries it.
+        if not b.declare:
             b.declare.append(t.marked_tables_text())
         b.declare.append(t.declare_text(decl))
     else:
