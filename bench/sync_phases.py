@@ -124,7 +124,7 @@ def run_once(shape: bl.ClusterShape, rep: int) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a small size, one rep (CI)")
+    ap.add_argument("--quick", action="store_true", help="a small size of two chunks, one rep (CI)")
     ap.add_argument("--sizes", help="SxE,... (default 10000x10)")
     ap.add_argument("--reps", type=int)
     args = ap.parse_args()
@@ -132,7 +132,7 @@ def main() -> int:
     from nftproxy.kernel.libnftables import tune_malloc
 
     tune_malloc()
-    sizes = args.sizes or ("200x5" if args.quick else "10000x10")
+    sizes = args.sizes or ("600x5" if args.quick else "10000x10")  # quick: two chunks, so steps
     reps = args.reps or (1 if args.quick else 2)
     bl.emit(BENCH, "machine", **bl.machine_info(), mix=bl.MIX_DESCRIPTION)
     rows = []

@@ -202,7 +202,7 @@ def test_churn_reports_programming_latency_and_cpu() -> None:
 def test_sync_phases_reports_each_phase_of_a_first_sync() -> None:
     got = cases(run_quick("sync_phases.py"))
     (row,) = got.values()
-    assert row["case"] == "200x5/first_sync"
+    assert row["case"] == "600x5/first_sync"
     assert is_number(row["sync_s"]) and is_number(row["cpu_s"]) and row["json_mb"] > 0
     assert row["transactions"] >= 2, "the skeleton, then the chunks: steps"
     phases = row["phases"]

@@ -83,9 +83,9 @@ def _objects() -> list[dict[str, Any]]:
     for net, fam in ((v4, "IPv4"), (v6, "IPv6")):
         out += [
             endpoint_slice("sticky", net["eps"], ports=port, family=fam,
-                           name=f"sticky-{fam}"),
+                           name=f"sticky-{fam.lower()}"),
             endpoint_slice("other", net["eps"][1:2], ports=port, family=fam,
-                           name=f"other-{fam}"),
+                           name=f"other-{fam.lower()}"),
         ]
     return out
 
