@@ -67,6 +67,15 @@ def test_monitor_lines_are_read() -> None:
     assert parse_event("something else") is None
 
 
+def test_a_monitor_line_reaches_the_terminal_with_its_control_characters_escaped() -> None:
+    """Another tool's rule comment may hold an ANSI escape: it is shown, not obeyed."""
+    rule = parse_event('trace id 1 ip theirs c\x1b[2J rule ip daddr 10.0.0.1 comment '
+                       '"\x1b[31mred\x07" # handle 2 (verdict accept)')
+    assert rule is not None and rule.chain == "c\\x1b[2J"
+    assert rule.text == 'ip daddr 10.0.0.1 comment "\\x1b[31mred\\x07"'
+    assert all(c.isprintable() for c in rule.text + rule.chain + rule.table)
+
+
 def test_the_tracing_chains_match_the_5_tuple_and_are_removed_one_by_one() -> None:
     cmds = trace_chains(Packet("fd00::2", "fd00::10", 80, "tcp", sport=4000), "nftproxy", 7)
     chains = [c["add"]["chain"] for c in cmds if "chain" in c["add"]]

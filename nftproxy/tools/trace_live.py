@@ -40,6 +40,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from nftproxy.core.address import format_address
+from nftproxy.core.convert.names import printable
 from nftproxy.core.nft.errors import NftError, NftNotFound
 from nftproxy.core.nft.seam import Backend
 from nftproxy.core.rules import names
@@ -88,6 +89,9 @@ class Event:
 
 
 def parse_event(line: str) -> Event | None:
+    """One `nft monitor trace` line as an Event (None: not a trace line);
+    its names and text with control characters escaped, as they go to a
+    terminal (another tool's rule comment may hold any byte)."""
     m = _EVENT.match(line)
     if m is None:
         return None
@@ -100,7 +104,8 @@ def parse_event(line: str) -> Event | None:
             handle = int(r["handle"]) if r["handle"] else None
     elif d["kind"] in ("policy", "verdict"):
         verdict = rest.split()[0] if rest else ""
-    return Event(d["id"], d["family"], d["table"], d["chain"], d["kind"], rest, handle, verdict)
+    table, chain, rest = printable(d["table"]), printable(d["chain"]), printable(rest)
+    return Event(d["id"], d["family"], table, chain, d["kind"], rest, handle, verdict)
 
 
 def trace_chains(packet: Packet, table: str, pid: int) -> list[dict[str, Any]]:
