@@ -643,6 +643,21 @@ def test_a_step_commits_while_the_next_is_staged(clock: Clock) -> None:
         assert proxier.sync().full and listing(backend) == table
 
 
+def test_a_refused_first_sync_of_one_transaction_leaves_no_table(
+    backend: Recording, clock: Clock
+) -> None:
+    """libnftables 1.0.6 declares some maps in a text transaction of their
+    own before the commands: when the commands are refused, the tables
+    those declarations created are deleted too."""
+    proxier = Proxier(CONFIG, backend, clock=clock)
+    listed(proxier, WEB, WEB_EPS)
+    backend.refuse_next = NftRejected("Could not process rule: Invalid argument")
+    with pytest.raises(NftRejected):
+        proxier.sync()
+    assert not backend.run_json({"list": {"tables": {}}})["nftables"][1:]
+    assert proxier.sync().full and listing(backend) != json.dumps([None, None])
+
+
 def test_a_refused_chunk_leaves_no_table_and_the_next_sync_converges(
     backend: Recording, clock: Clock
 ) -> None:

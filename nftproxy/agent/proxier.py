@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -303,7 +303,13 @@ class Proxier:
             rendered = self._render(snapshot)
             staged = self._stage(rendered, listings)
             t_commit = self.clock()
-            ops = self._commit(staged, rendered, full=snapshot.full)
+            try:
+                ops = self._commit(staged, rendered, full=snapshot.full)
+            except NftError:
+                if snapshot.full and self._live is None:
+                    # 1.0.6's text declarations went in before the refused commands
+                    self._delete_tables(fam.table for fam in self._families.values())
+                raise
         return ops, t_commit - t_render, self.clock() - t_commit
 
     def _chunked(self) -> Chunked:
@@ -327,7 +333,7 @@ class Proxier:
             with self._heap.building(True), self._drift.committing_steps():
                 out = run_steps(build.steps, self._take_step, self.clock)
         except BaseException:
-            self._delete_build(build)
+            self._delete_tables(build.tables.values())
             raise
         for family, fam in self._families.items():
             fam.table.take(build.tables[family])
@@ -336,14 +342,16 @@ class Proxier:
         self._last_full = self.clock()
         return out
 
-    def _delete_build(self, build: Build) -> None:
-        """Best effort: a leftover is also deleted by the next build."""
-        commands = [c for t in build.tables.values() for c in t.table.delete_tables()]
+    def _delete_tables(self, tables: Iterable[TableState]) -> None:
+        """Delete the tables of a full sync that failed where nothing was
+        live, so that it leaves none. Best effort: a leftover is also
+        deleted by the next build in steps, and by `cleanup`."""
+        commands = [c for t in tables for c in t.table.delete_tables()]
         try:
             with self._drift.committing(commands):
                 self.backend.commit(commands)
         except NftError as exc:
-            self.log.warning("deleting the tables of a full sync cut short failed: %s", exc)
+            self.log.warning("deleting the tables of a failed full sync failed: %s", exc)
 
     def _snapshot(self, *, force_full: bool = False, take_full_request: bool = False) -> SyncInput:
         """Step 1: apply the trackers and freeze what the sync works from. A
