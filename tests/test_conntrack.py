@@ -30,9 +30,9 @@ from nftproxy.agent.proxier import Proxier
 from nftproxy.agent.report import SyncReport
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.config import ProxyConfig
-from nftproxy.core.conntrack import CleanupResult, Flow, FlowFilter, Query, plan
+from nftproxy.core.conntrack import CleanupResult, Flow, FlowFilter, Query, apply_filters, plan
 from nftproxy.core.model import IPFamily, L4Protocol
-from nftproxy.kernel.conntrack import Conntrack, conntrack_hook
+from nftproxy.kernel.conntrack import _PORT_DUMPS, Conntrack, _dumper, conntrack_hook
 from nftproxy.kernel.fake import FakeBackend
 from nftproxy.kernel.fake_conntrack import FakeConntrack
 
@@ -412,6 +412,42 @@ def test_conntrack_constructor_does_no_io_and_apply_needs_start() -> None:
     with pytest.raises(RuntimeError, match="not started"):
         ct.apply([F("10.96.0.10", 53)])
     ct.close()  # idempotent, nothing to close
+
+
+class RecordingLink:
+    """kernel/conntrack.py's socket as `_dumper` uses it: the flows of the
+    protocol and ports asked for (the address is checked by the core), and
+    the dumps asked for."""
+
+    def __init__(self, flows: Sequence[Flow]) -> None:
+        self.flows = flows
+        self.dumps: list[tuple[IPFamily, L4Protocol, list[int], str | None]] = []
+
+    def dump(
+        self, family: IPFamily, protocol: L4Protocol, ports: frozenset[int], ip: str | None
+    ) -> list[Flow]:
+        self.dumps.append((family, protocol, sorted(ports), ip))
+        return [f for f in self.flows if (f.family, f.protocol) == (family, protocol)
+                and f.dport in ports]
+
+
+def test_kernel_dumps_a_few_ports_apart_and_more_once_per_family_and_protocol() -> None:
+    few = [F("10.96.0.10", 53, EP_B), F(None, 30053, EP_B), F("fd00:96::a", 53, family=V6)]
+    link = RecordingLink(TABLE)
+    kept = apply_filters(few, _dumper(link, few), lambda f: None, lambda: 0.0)  # type: ignore[arg-type]
+    assert link.dumps == [
+        (V4, UDP, [53], "10.96.0.10"),
+        (V4, UDP, [30053], None),
+        (V6, UDP, [53], "fd00:96::a"),
+    ]
+    many = [*few, *(F(f"10.96.1.{i}", 1000 + i) for i in range(_PORT_DUMPS))]
+    link = RecordingLink(TABLE)
+    shared = apply_filters(many, _dumper(link, many), lambda f: None, lambda: 0.0)  # type: ignore[arg-type]
+    assert link.dumps == [
+        (V4, UDP, sorted({53, 30053, *range(1000, 1000 + _PORT_DUMPS)}), None),
+        (V6, UDP, [53], "fd00:96::a"),
+    ]
+    assert (shared.matched, shared.deleted) == (kept.matched, kept.deleted) == (6, 5)
 
 
 # ---- the hook -------------------------------------------------------------------------------

@@ -39,9 +39,11 @@ Design (style guide 5, "decide in pure code, act once"):
   protocol, port) -- a lone IPv4 destination also filters on its address;
   several destinations sharing the port (port 53 of every DNS-like service
   on a full sync), node ports and IPv6 share one dump -- a re-check here,
-  then one delete per stale entry. ENOENT (expired or replaced meanwhile) is
-  counted as `vanished`; other failures are counted in `errors` and never
-  raised (nft-python-notes.md §4).
+  then one delete per stale entry (the kernel edge answers the queries of
+  a full sync from one dump per (family, protocol): kernel/conntrack.py).
+  ENOENT (expired or replaced meanwhile) is counted as `vanished`; other
+  failures are counted in `errors` and never raised (nft-python-notes.md
+  §4).
 
 Known limits:
 - If two service ports claim the same IP:port (a conflict the API allows
@@ -56,6 +58,7 @@ Known limits:
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -85,6 +88,7 @@ _MAX_MESSAGES = 10
 """Error messages kept per CleanupResult (all errors are counted)."""
 
 
+@functools.lru_cache(maxsize=1 << 14)  # several calls per conntrack entry, on few addresses
 def canonical_ip(ip: str) -> str:
     """One spelling per address, so kernel and API strings compare equal
     (IPv6 above all: "fd00:0::1" and "fd00::1")."""
@@ -294,7 +298,7 @@ def _queries(filters: Sequence[FlowFilter]) -> dict[Query, list[FlowFilter]]:
     """One dump per (family, protocol, port): a lone IPv4 destination is
     filtered on its address too; several destinations sharing a port (port
     53 of many services on a full sync) share one dump, as does IPv6 (see
-    kernel/conntrack.py `_Sockets.dump`). Each filter lands in exactly one query."""
+    kernel/conntrack.py `_Link.dump`). Each filter lands in exactly one query."""
     by_port: dict[tuple[IPFamily, L4Protocol, int], list[FlowFilter]] = {}
     for flt in filters:
         by_port.setdefault((flt.family, flt.protocol, flt.port), []).append(flt)

@@ -1,20 +1,26 @@
-"""Conntrack cleanup on the kernel: the netlink sockets, and the post-commit hook.
+"""Conntrack cleanup on the kernel: the ctnetlink socket, and the post-commit hook.
 
-Layer: kernel edge (pyroute2, in a worker thread; imports the core's
-conntrack plan and apply loop, never the proxier). One job: after every
-successful commit, run the core's cleanup plan (core/conntrack.py: what is
-deleted and why) against the kernel's conntrack table. Callers: cli.py and
-the demo build a `Conntrack`; agent.py installs `conntrack_hook(...)` as a
-post-commit hook of the Proxier; tests use `FakeConntrack`
-(kernel/fake_conntrack.py), which runs the same apply loop.
+Layer: kernel edge (a raw netlink socket, in a worker thread; imports the
+core's conntrack plan and apply loop, never the proxier). One job: after
+every successful commit, run the core's cleanup plan (core/conntrack.py:
+what is deleted and why) against the kernel's conntrack table. Callers:
+cli.py and the demo build a `Conntrack`; agent.py installs
+`conntrack_hook(...)` as a post-commit hook of the Proxier; tests use
+`FakeConntrack` (kernel/fake_conntrack.py), which runs the same apply loop.
 
-`Conntrack.apply(filters)` is the only netlink code: one dump per (family,
-protocol, port), filtered *in the kernel* on the original tuple (daddr +
-proto + dport for a lone IPv4 destination; proto + dport when several
-destinations share the port, for node ports and for IPv6), a re-check in
-Python, then one delete per stale entry by its exact original tuple plus
-CTA_ID (and CTA_ZONE), so an entry that was replaced in between is not
-touched.
+`Conntrack.apply(filters)` is the only netlink code. The core's apply loop
+asks for the flows of each (family, protocol, port); the dumps that answer
+are filtered *in the kernel* on the original tuple:
+- while a (family, protocol) has at most `_PORT_DUMPS` ports (a partial
+  sync: a service port and its node port), one dump per port, on proto +
+  dport (+ daddr for a lone IPv4 destination);
+- with more ports (a full sync), one dump for all of them, on proto only;
+  the entries of other ports are dropped while parsing. Every dump walks
+  the whole conntrack hash, so one dump per port would cost ports x table
+  size.
+The core re-checks every flow, then each stale entry is deleted by its exact
+original tuple plus CTA_ID (and CTA_ZONE), so an entry that was replaced in
+between is not touched.
 
 Failures (a netlink error, EPERM, ENOBUFS, a dead worker) never reach the
 sync: `apply` counts them in its CleanupResult, the agent adds them to
@@ -24,49 +30,43 @@ persistent error would otherwise log at every sync), the first clean
 cleanup after them at INFO. The next full sync reconciles every UDP/SCTP
 port again, which repairs what a failed cleanup left.
 
-Sockets: pyroute2 0.9's sync `Conntrack` keeps its socket and event loop
-*per thread* and, with `netns=`, forks a child per thread to make the socket
-(whose default `flags=O_CREAT` would also create a missing namespace). So
-`Conntrack` owns one worker thread that enters the namespace with
-`nftproxy.kernel.netns.enter` (never creates one; no fork) and there opens two
-sockets, AF_INET and AF_INET6 (nfgen_family is per socket). pyroute2 is
-imported by that worker only, without its package __init__
-(kernel/pyroute2_modules.py): `plan()` and the fake cost no import.
+Socket: one NETLINK_NETFILTER socket (nfgen_family is per message), opened
+by `Conntrack`'s worker thread after it entered the namespace with
+`nftproxy.kernel.netns.enter` (never creates one), which makes every request
+(capabilities are checked per thread). Messages are built and parsed here
+with `struct`, on kernel/nfnetlink.py's headers: pyroute2's generic decoder
+made every returned entry expensive, and a port with thousands of live
+flows (kube-dns) returns thousands of entries at each cleanup of it.
 
-Known limits / costs (kernel 6.18, pyroute2 0.9.7, 2 vCPUs,
-nf_conntrack_buckets 262144; `test_cleanup_cost_with_10k_unrelated_entries`
-in tests/test_conntrack_kernel.py prints them):
-- With 10,000 unrelated UDP entries in the table, the cleanup after a
-  partial sync that touched one UDP service port (cluster IP + node port:
-  2 dumps, nothing stale) takes ~9.5 ms; with 100 stale entries to delete
-  ~57-77 ms (~0.5 ms per delete, one netlink round trip each). A full sync
-  reconciling 250 UDP ports (500 filters, 251 dumps) takes ~1.2 s. An
-  unfiltered dump of the same table takes 2.1-3 s: never dump everything.
-  (Medians of quiet runs; with other tests loading the 2 vCPUs every figure
-  doubled.)
-- A dump costs ~4.5 ms even when it matches nothing: the kernel walks the
-  whole conntrack hash (all buckets, all namespaces) per dump (~4 ms on an
-  empty table here). So a full sync costs ~4.5 ms per distinct UDP/SCTP
-  port and node port, in the sync thread. Matched entries are parsed by
-  pyroute2 at ~0.25 ms each: a port with thousands of live flows (kube-dns)
-  costs that much per cleanup of it.
+Known limits / costs (`test_cleanup_cost_with_10k_unrelated_entries` in
+tests/test_conntrack_kernel.py prints them):
+- A dump walks the whole conntrack hash (all buckets, all namespaces) even
+  when it matches nothing; a cleanup makes at most `_PORT_DUMPS` dumps per
+  (family, protocol).
+- Every entry a dump returns is parsed: a port with many live flows costs
+  in proportion to them, and a cleanup of more than `_PORT_DUMPS` ports of
+  a protocol reads every entry of that protocol and family in the
+  namespace.
 - The kernel compares IPv6 addresses in a CTA_FILTER the wrong way round
   (6.18: a daddr filter returns the entries to every *other* address), so
-  IPv6 dumps filter on proto + dport only and the address is checked here;
-  flows to other IPv6 addresses on the same port are parsed for nothing.
-- Kernels before 5.8 ignore CTA_FILTER and return every entry; the Python
-  re-check keeps the result right but each dump then costs a full dump.
-- Deleting is one netlink request per entry (pyroute2 has no batch
-  delete); thousands of stale flows take seconds.
+  IPv6 dumps never filter on the address and the core checks it; flows to
+  other IPv6 addresses on the same port are parsed for nothing.
+- Kernels before 5.8 ignore CTA_FILTER and return every entry; the
+  re-checks keep the result right but each dump then returns the table.
+- Deleting is one netlink round trip per entry (the core's loop deletes
+  flow by flow); thousands of stale flows take thousands of round trips.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import socket
+import struct
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from nftproxy.core.conntrack import (
     CleanupResult,
@@ -79,7 +79,15 @@ from nftproxy.core.conntrack import (
 )
 from nftproxy.core.model import IPFamily, L4Protocol
 from nftproxy.kernel import netns as _netns
-from nftproxy.kernel import pyroute2_modules
+from nftproxy.kernel.nfnetlink import (
+    ATTR,
+    HEADER,
+    NFGENMSG,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+)
 
 __all__ = [
     "Cleaner",
@@ -95,6 +103,29 @@ _PROTO_NUMBER = {
 }
 _PROTO_BY_NUMBER = {n: p for p, n in _PROTO_NUMBER.items()}
 _AF = {IPFamily.IPV4: socket.AF_INET, IPFamily.IPV6: socket.AF_INET6}
+_FAMILY_BY_AF: dict[int, IPFamily] = {af: family for family, af in _AF.items()}
+
+# linux/netlink.h, linux/netfilter/nfnetlink_conntrack.h and
+# net/netfilter/nf_conntrack_netlink.c (the CTA_FILTER flags)
+_NETLINK_NETFILTER = 12
+_SOL_NETLINK, _NETLINK_CAP_ACK = 270, 10
+_NLM_F_ACK = 0x4
+_NLA_F_NESTED, _NLA_TYPE_MASK = 0x8000, 0x3FFF
+_CTNETLINK = 1 << 8  # NFNL_SUBSYS_CTNETLINK, in the message type's high byte
+_CT_GET, _CT_DELETE, _CT_GET_STATS = 1, 2, 5
+_CTA_TUPLE_ORIG, _CTA_TUPLE_REPLY, _CTA_ID, _CTA_ZONE, _CTA_FILTER = 1, 2, 12, 18, 25
+_CTA_TUPLE_IP, _CTA_TUPLE_PROTO = 1, 2
+_CTA_IP = {IPFamily.IPV4: (1, 2), IPFamily.IPV6: (3, 4)}  # CTA_IP_V{4,6}_{SRC,DST}
+_CTA_PROTO_NUM, _CTA_PROTO_SRC_PORT, _CTA_PROTO_DST_PORT = 1, 2, 3
+_CTA_FILTER_ORIG_FLAGS = 1
+_FILTER_IP_DST, _FILTER_PROTO_NUM, _FILTER_PROTO_DST_PORT = 1 << 1, 1 << 3, 1 << 5
+_BE16, _BE32 = struct.Struct("!H"), struct.Struct("!I")
+_U32, _INT = struct.Struct("=I"), struct.Struct("=i")
+# Ports of one (family, protocol) dumped one by one, each filtered in the kernel on
+# its port: returning an entry costs far more than the kernel's walk past it.
+_PORT_DUMPS = 4
+_RECV_SIZE = 1 << 16  # the kernel's dump batches are at most 32 KiB
+_TIMEOUT = 5.0
 
 
 # --- the kernel -------------------------------------------------------------------------
@@ -105,99 +136,251 @@ class ConntrackUnavailable(OSError):
     CAP_NET_ADMIN, nf_conntrack absent). Raised by `Conntrack.start()` only."""
 
 
-class _Sockets:
-    """The worker's two pyroute2 sockets (one per nfgen_family)."""
+def _attr(kind: int, payload: bytes) -> bytes:
+    size = ATTR.size + len(payload)
+    return ATTR.pack(size, kind) + payload + bytes(-size % 4)
+
+
+def _nest(kind: int, *attrs: bytes) -> bytes:
+    return _attr(kind | _NLA_F_NESTED, b"".join(attrs))
+
+
+def _orig_tuple(
+    family: IPFamily,
+    protocol: L4Protocol,
+    *,
+    src: str | None = None,
+    dst: str | None = None,
+    sport: int | None = None,
+    dport: int | None = None,
+) -> bytes:
+    """CTA_TUPLE_ORIG with the fields given."""
+    af, (src_type, dst_type) = _AF[family], _CTA_IP[family]
+    ip = b"".join(
+        _attr(kind, socket.inet_pton(af, addr))
+        for kind, addr in ((src_type, src), (dst_type, dst))
+        if addr is not None
+    )
+    l4 = _attr(_CTA_PROTO_NUM, bytes([_PROTO_NUMBER[protocol]])) + b"".join(
+        _attr(kind, _BE16.pack(port))
+        for kind, port in ((_CTA_PROTO_SRC_PORT, sport), (_CTA_PROTO_DST_PORT, dport))
+        if port is not None
+    )
+    parts = [_nest(_CTA_TUPLE_IP, ip)] if ip else []
+    return _nest(_CTA_TUPLE_ORIG, *parts, _nest(_CTA_TUPLE_PROTO, l4))
+
+
+def _find(buf: bytes, pos: int, end: int, kind: int) -> tuple[int, int] | None:
+    """(start, end) of the value of the first attribute of type `kind` in
+    buf[pos:end], None if there is none."""
+    while pos + ATTR.size <= end:
+        size, got = ATTR.unpack_from(buf, pos)
+        if size < ATTR.size or pos + size > end:
+            return None
+        if got & _NLA_TYPE_MASK == kind:
+            return pos + ATTR.size, pos + size
+        pos += (size + 3) & ~3
+    return None
+
+
+def _attrs(buf: bytes, pos: int, end: int) -> dict[int, tuple[int, int]]:
+    """{type: (start, end) of its value} of the attributes in buf[pos:end]."""
+    out: dict[int, tuple[int, int]] = {}
+    while pos + ATTR.size <= end:
+        size, kind = ATTR.unpack_from(buf, pos)
+        if size < ATTR.size or pos + size > end:
+            break
+        out[kind & _NLA_TYPE_MASK] = (pos + ATTR.size, pos + size)
+        pos += (size + 3) & ~3
+    return out
+
+
+def _nested(buf: bytes, attrs: dict[int, tuple[int, int]], kind: int) -> dict[int, tuple[int, int]]:
+    """The attributes inside attribute `kind` of `attrs` ({} if it is absent)."""
+    return _attrs(buf, *attrs[kind]) if kind in attrs else {}
+
+
+def _dport(buf: bytes, pos: int, end: int) -> int | None:
+    """The original destination port of the entry whose attributes are in
+    buf[pos:end], found without parsing the rest of it."""
+    orig = _find(buf, pos, end, _CTA_TUPLE_ORIG)
+    l4 = None if orig is None else _find(buf, *orig, _CTA_TUPLE_PROTO)
+    port = None if l4 is None else _find(buf, *l4, _CTA_PROTO_DST_PORT)
+    return None if port is None else int(_BE16.unpack_from(buf, port[0])[0])
+
+
+def _flow_at(buf: bytes, pos: int, end: int, ports: frozenset[int]) -> Flow | None:
+    """The Flow of the conntrack entry in buf[pos:end] (a message after its
+    nlmsghdr); None for an entry without ports or to a port not in `ports`."""
+    family = _FAMILY_BY_AF.get(buf[pos])
+    pos += NFGENMSG.size
+    dport = _dport(buf, pos, end)  # first: a dump of several ports drops most entries here
+    if family is None or dport not in ports:
+        return None
+    top = _attrs(buf, pos, end)
+    orig, reply = _nested(buf, top, _CTA_TUPLE_ORIG), _nested(buf, top, _CTA_TUPLE_REPLY)
+    o_ip, o_l4 = _nested(buf, orig, _CTA_TUPLE_IP), _nested(buf, orig, _CTA_TUPLE_PROTO)
+    r_ip = _nested(buf, reply, _CTA_TUPLE_IP)
+    af, (src, dst) = _AF[family], _CTA_IP[family]
+    if not (src in o_ip and dst in o_ip and src in r_ip and _CTA_PROTO_SRC_PORT in o_l4):
+        return None
+    number = o_l4.get(_CTA_PROTO_NUM)
+    protocol = None if number is None else _PROTO_BY_NUMBER.get(buf[number[0]])
+    if protocol is None:
+        return None
+
+    def ip(attrs: dict[int, tuple[int, int]], kind: int) -> str:
+        start, stop = attrs[kind]
+        return socket.inet_ntop(af, buf[start:stop])
+
+    def optional(attrs: dict[int, tuple[int, int]], kind: int, fmt: struct.Struct) -> int | None:
+        return int(fmt.unpack_from(buf, attrs[kind][0])[0]) if kind in attrs else None
+
+    return Flow(
+        family=family,
+        protocol=protocol,
+        src=ip(o_ip, src),
+        dst=ip(o_ip, dst),
+        sport=int(_BE16.unpack_from(buf, o_l4[_CTA_PROTO_SRC_PORT][0])[0]),
+        dport=dport,
+        reply_src=ip(r_ip, src),
+        ct_id=optional(top, _CTA_ID, _BE32),
+        zone=optional(top, _CTA_ZONE, _BE16),
+    )
+
+
+def _open_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_NETFILTER)
+    try:
+        sock.setsockopt(_SOL_NETLINK, _NETLINK_CAP_ACK, 1)  # acks without the request
+        sock.settimeout(_TIMEOUT)
+        sock.bind((0, 0))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _Link:
+    """The worker's ctnetlink socket, in the worker's namespace."""
 
     def __init__(self) -> None:
-        # imported here, where used (~50 ms), without pyroute2's package __init__
-        conntrack = pyroute2_modules.module("pyroute2.conntrack")
-        self._attr_tuple: Any = pyroute2_modules.module(
-            "pyroute2.netlink.nfnetlink.nfctsocket"
-        ).NFCTAttrTuple
-        self._netlink_error: Any = pyroute2_modules.module(
-            "pyroute2.netlink.exceptions"
-        ).NetlinkError
-        self.by_family: dict[IPFamily, Any] = {}
-        try:
-            for family, af in _AF.items():
-                sock = conntrack.Conntrack(nfgen_family=af)
-                self.by_family[family] = sock
-                sock.count()  # opens the socket, here, in this thread's netns
+        self._seq = 0
+        self._sock = _open_socket()
+        try:  # fails here, not at the first cleanup, without CAP_NET_ADMIN or conntrack
+            for _ in self._request(_CT_GET_STATS, socket.AF_UNSPEC, b"", _NLM_F_ACK):
+                pass
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
-        for sock in self.by_family.values():
-            sock.close()
-        self.by_family.clear()
+        self._sock.close()
 
-    def dump(self, query: Query) -> list[Flow]:
-        # The kernel compares IPv6 addresses of a CTA_FILTER the wrong way
-        # round (6.18: a daddr filter returns the entries to every *other*
-        # address), so IPv6 dumps filter on proto + dport only; the caller
-        # re-checks the address.
-        daddr = query.ip if query.family is IPFamily.IPV4 else None
-        orig = self._attr_tuple(
-            family=_AF[query.family],
-            daddr=daddr,
-            proto=_PROTO_NUMBER[query.protocol],
-            dport=query.port,
+    def _request(
+        self, kind: int, af: int, body: bytes, flags: int
+    ) -> Iterator[tuple[bytes, int, int]]:
+        """Send one ctnetlink request; yield (buffer, start, end) of each
+        message of its answer up to NLMSG_DONE or the ack. The kernel's error
+        answer raises OSError(errno)."""
+        self._seq = seq = self._seq % 0xFFFFFFFF + 1
+        length = HEADER.size + NFGENMSG.size + len(body)
+        header = HEADER.pack(length, _CTNETLINK | kind, NLM_F_REQUEST | flags, seq, 0)
+        answered = False
+        try:
+            self._sock.send(header + NFGENMSG.pack(af, 0, 0) + body)
+            while True:
+                buf, _, msg_flags, _ = self._sock.recvmsg(_RECV_SIZE)
+                if msg_flags & socket.MSG_TRUNC:
+                    raise OSError(errno.EMSGSIZE, "netlink message truncated")
+                pos = 0
+                while pos + HEADER.size <= len(buf):
+                    size, msg_type, _, msg_seq, _ = HEADER.unpack_from(buf, pos)
+                    if size < HEADER.size:
+                        raise OSError(errno.EBADMSG, "malformed netlink message")
+                    if msg_seq == seq:
+                        if msg_type in (NLMSG_DONE, NLMSG_ERROR):
+                            answered = True
+                            code = -_INT.unpack_from(buf, pos + HEADER.size)[0]
+                            if code:
+                                raise OSError(code, os.strerror(code))
+                            return
+                        yield buf, pos + HEADER.size, pos + size
+                    pos += (size + 3) & ~3
+        finally:
+            # the rest of an answer, or a dump still running, would meet the next request
+            if not answered:
+                self._sock.close()
+                self._sock = _open_socket()
+
+    def dump(
+        self, family: IPFamily, protocol: L4Protocol, ports: frozenset[int], ip: str | None
+    ) -> list[Flow]:
+        """The flows of `protocol` to one of `ports`. The kernel filters on the
+        protocol, and on the port and `ip` when there is one port -- on `ip`
+        for IPv4 only: the kernel's IPv6 address match is inverted (see above)."""
+        flags, port, dst = _FILTER_PROTO_NUM, None, None
+        if len(ports) == 1:
+            (port,) = ports
+            flags |= _FILTER_PROTO_DST_PORT
+            if ip is not None and family is IPFamily.IPV4:
+                dst, flags = ip, flags | _FILTER_IP_DST
+        body = _orig_tuple(family, protocol, dst=dst, dport=port) + _nest(
+            _CTA_FILTER, _attr(_CTA_FILTER_ORIG_FLAGS, _U32.pack(flags))
         )
-        sock = self.by_family[query.family]
-        # Read the whole (filtered) dump before deleting: the socket is busy until then.
-        msgs = list(sock.dump(tuple_orig=orig))
-        return [flow for msg in msgs if (flow := _flow_of(query.family, msg)) is not None]
+        # Read the whole dump before deleting: the socket is busy until then.
+        return [
+            flow
+            for buf, start, end in self._request(_CT_GET, _AF[family], body, NLM_F_DUMP)
+            if (flow := _flow_at(buf, start, end, ports)) is not None
+        ]
 
     def delete(self, flow: Flow) -> None:
-        orig = self._attr_tuple(
-            family=_AF[flow.family],
-            saddr=flow.src,
-            daddr=flow.dst,
-            proto=_PROTO_NUMBER[flow.protocol],
+        body = _orig_tuple(
+            flow.family,
+            flow.protocol,
+            src=flow.src,
+            dst=flow.dst,
             sport=flow.sport,
             dport=flow.dport,
         )
-        extra: dict[str, int] = {}
-        if flow.ct_id is not None:
-            extra["id"] = flow.ct_id  # ENOENT if the tuple now names another entry
+        if flow.ct_id is not None:  # ENOENT if the tuple now names another entry
+            body += _attr(_CTA_ID, _BE32.pack(flow.ct_id))
         if flow.zone:
-            extra["zone"] = flow.zone
-        try:
-            self.by_family[flow.family].entry("del", tuple_orig=orig, **extra)
-        except self._netlink_error as exc:
-            raise OSError(exc.code, str(exc)) from exc
+            body += _attr(_CTA_ZONE, _BE16.pack(flow.zone))
+        for _ in self._request(_CT_DELETE, _AF[flow.family], body, _NLM_F_ACK):
+            pass
 
 
-def _flow_of(family: IPFamily, msg: Any) -> Flow | None:
-    """A Flow from one nfct_msg; None for entries without ports (not ours)."""
-    v = "V4" if family is IPFamily.IPV4 else "V6"
-    orig, reply = msg.get_attr("CTA_TUPLE_ORIG"), msg.get_attr("CTA_TUPLE_REPLY")
-    if orig is None or reply is None:
-        return None
-    o_ip, o_l4 = orig.get_attr("CTA_TUPLE_IP"), orig.get_attr("CTA_TUPLE_PROTO")
-    r_ip = reply.get_attr("CTA_TUPLE_IP")
-    protocol = _PROTO_BY_NUMBER.get(o_l4.get_attr("CTA_PROTO_NUM"))
-    sport, dport = o_l4.get_attr("CTA_PROTO_SRC_PORT"), o_l4.get_attr("CTA_PROTO_DST_PORT")
-    if protocol is None or sport is None or dport is None:
-        return None
-    return Flow(
-        family=family,
-        protocol=protocol,
-        src=o_ip.get_attr(f"CTA_IP_{v}_SRC"),
-        dst=o_ip.get_attr(f"CTA_IP_{v}_DST"),
-        sport=sport,
-        dport=dport,
-        reply_src=r_ip.get_attr(f"CTA_IP_{v}_SRC"),
-        ct_id=msg.get_attr("CTA_ID"),
-        zone=msg.get_attr("CTA_ZONE"),
-    )
+def _dumper(link: _Link, filters: Sequence[FlowFilter]) -> Callable[[Query], list[Flow]]:
+    """The `dump` of one apply_filters run: one dump per query while a
+    (family, protocol) has at most _PORT_DUMPS ports, else one dump for all
+    its queries (see the module docstring)."""
+    ports: dict[tuple[IPFamily, L4Protocol], frozenset[int]] = {}
+    for flt in filters:
+        key = (flt.family, flt.protocol)
+        ports[key] = ports.get(key, frozenset()) | {flt.port}
+    shared: dict[tuple[IPFamily, L4Protocol], dict[int, list[Flow]]] = {}
+
+    def dump(query: Query) -> list[Flow]:
+        key = (query.family, query.protocol)
+        wanted = ports.get(key, frozenset())
+        if len(wanted) <= _PORT_DUMPS:
+            return link.dump(query.family, query.protocol, frozenset({query.port}), query.ip)
+        if key not in shared:
+            by_port: dict[int, list[Flow]] = {}
+            for flow in link.dump(query.family, query.protocol, wanted, None):
+                by_port.setdefault(flow.dport, []).append(flow)
+            shared[key] = by_port
+        return shared[key].pop(query.port, [])
+
+    return dump
 
 
-class Conntrack(_netns.WorkerOwner["_Sockets"]):
+class Conntrack(_netns.WorkerOwner["_Link"]):
     """The kernel's conntrack table, in the caller's netns or a named one.
 
-    The constructor only stores its arguments; `start()` opens the sockets
+    The constructor only stores its arguments; `start()` opens the socket
     (ConntrackUnavailable if it cannot); `apply()` may be called from any
     thread (calls are serialised on the worker). Use as a context manager or
     call `close()`.
@@ -209,11 +392,11 @@ class Conntrack(_netns.WorkerOwner["_Sockets"]):
         self._clock = clock
         self._worker = _netns.Worker(
             netns,
-            _Sockets,
+            _Link,
             name="conntrack",
-            close_resource=_Sockets.close,
+            close_resource=_Link.close,
             wrap_error=lambda exc: ConntrackUnavailable(
-                f"cannot open conntrack sockets (netns {netns}): {exc}"
+                f"cannot open conntrack socket (netns {netns}): {exc}"
             ),
         )
 
@@ -224,7 +407,9 @@ class Conntrack(_netns.WorkerOwner["_Sockets"]):
             raise RuntimeError("Conntrack not started (or closed)")
         if not filters:
             return CleanupResult()
-        return self._worker.call(lambda s: apply_filters(filters, s.dump, s.delete, self._clock))
+        return self._worker.call(
+            lambda link: apply_filters(filters, _dumper(link, filters), link.delete, self._clock)
+        )
 
 
 # --- the post-commit hook ------------------------------------------------------------------
