@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 import benchlib as bl
-import levers
+from probes import levers
 
 BENCH = "churn"
 

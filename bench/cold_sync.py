@@ -21,10 +21,9 @@ each in a fresh process in a fresh network namespace, one at a time:
 - `api-restart`: the `api` agent run once (to its first commit, then
   stopped: rules left in place, as a DaemonSet rollout leaves them), then
   started again in the same namespace; the figures are the second run's: a
-  full sync over existing tables, which stays ONE transaction (not in the
-  default --sources).
+  full sync over existing tables (not in the default --sources).
 - `file`: the harness of before (kept for comparison with earlier runs and
-  for bench/levers.py's variants): a fresh Python process does what
+  for bench/probes/levers.py's variants): a fresh Python process does what
   `nftproxy run` does at startup -- tune malloc, open the backend, read the
   initial list (a JSON file of Services and EndpointSlices), feed it to a
   Proxier, sync once -- then reports feed_s, render_s, commit_s (SyncReport),
@@ -44,7 +43,7 @@ bench/cold_sync.py ...` (bench/run_all.sh --userspaces host,trixie).
 
 Variants (`file` source only): `baseline` is the product as it is;
 `baseline-nofresh` forces every commit onto the long-lived context; lever
-variants (bench/levers.py, e.g. `shard16`, `shard16+split`) run the same
+variants (bench/probes/levers.py, e.g. `shard16`, `shard16+split`) run the same
 Proxier with the structural levers around it. A variant
 may end in `@NAME=VALUE` (repeatable): environment of the child, e.g.
 `baseline@PYTHONMALLOC=malloc`.
@@ -115,7 +114,7 @@ class Metered:
 def child(args: argparse.Namespace) -> None:
     """Runs in the fresh process: one cold sync, one JSON line on stdout."""
     t_main = time.time()
-    import levers
+    from probes import levers
 
     import nftproxy.agent.proxier  # noqa: F401  (the imports `nftproxy run` pays)
     from nftproxy.kernel.libnftables import NftBackend, tune_malloc
@@ -313,7 +312,7 @@ def main() -> int:
     ap.add_argument(
         "--variants",
         help="`file` source only: comma list: baseline (the product as is), "
-        "baseline-nofresh, and lever variants of bench/levers.py, e.g. "
+        "baseline-nofresh, and lever variants of bench/probes/levers.py, e.g. "
         "shard16, shard16+split (default: baseline; quick: baseline,shard4)",
     )
     ap.add_argument("--idle", type=float, help="seconds after the commit to read steady RSS "

@@ -18,11 +18,10 @@ built first and kept for the whole run, so variants can be INTERLEAVED
                 programmed; the target service is added last and has the
                 highest VIP (its map lookup is O(1) whatever the order);
 - `nftpart-N`   the same, the target added by a partial sync after the
-                full sync of the others: it goes through the pick tree
-                (rules/picks.py), as every destination a partial sync
-                changed does until the next full sync;
+                full sync of the others (the same elements a full sync
+                writes: a check that the two paths cost the same);
 - `iptnft-N`    kube-proxy's iptables-mode ruleset for the same services
-                (bench/iptables_ruleset.py, KUBE-SERVICES a linear list, the
+                (bench/probes/iptables_ruleset.py, KUBE-SERVICES a linear list, the
                 target LAST), loaded with iptables-nft-restore (this host's
                 default `iptables` is the nf_tables backend);
 - `iptleg-N`    the same loaded with iptables-legacy-restore (x_tables);
@@ -193,8 +192,8 @@ def _server(ns: str, port: int, host: str = "0.0.0.0") -> Iterator[None]:
 
 
 def _nft_services(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    import iptables_ruleset as ipt
     from k8s import endpoint_slice, service  # tests/k8s.py
+    from probes import iptables_ruleset as ipt
 
     svcs, slices = [], []
     for s in [*ipt.filler(n - 1), ipt.IptService("bench", "target", VIP, 80, ((POD_IP, PORT),))]:
@@ -262,7 +261,7 @@ def _load_nft_text(node_ns: str, text: str) -> str:
 
 
 def _load_iptables(node_ns: str, n: int, tool: str) -> str:
-    import iptables_ruleset as ipt
+    from probes import iptables_ruleset as ipt
 
     target = ipt.IptService("bench", "target", VIP, 80, ((POD_IP, PORT),))
     text = ipt.ruleset([*ipt.filler(n - 1), target], CLUSTER_CIDR)

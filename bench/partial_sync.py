@@ -1,6 +1,6 @@
 """Partial sync against a large table: add / change endpoint / delete / no-op.
 
-Spec item 2. For each variant (bench/levers.py: the product as is, and the
+Spec item 2. For each variant (bench/probes/levers.py: the product as is, and the
 structural levers around the real Proxier, e.g. shard tables) and each table
 size, a throwaway namespace gets the full table (the service mix of
 benchlib), then R repetitions of one cycle, each step one Proxier.sync():
@@ -47,7 +47,7 @@ import time
 from typing import Any
 
 import benchlib as bl
-import levers
+from probes import levers
 
 BENCH = "partial_sync"
 STEPS = ("add", "change", "delete", "noop", "probe_flush", "probe_rule", "probe_elem")

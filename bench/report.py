@@ -1,13 +1,14 @@
-"""Markdown tables from the JSON lines of bench/results/ (for RESULTS.md).
+"""Markdown tables from the JSON lines bench/run_all.sh wrote (for RESULTS.md).
 
 Each section reads `<name>.jsonl` (host userspace) and `<name>.<userspace>.jsonl`
 (e.g. `.trixie`, written by run_all.sh --userspaces host,trixie) and names
-the userspace on every row. The first section, "Issue 12 targets", is one
-line per size and userspace: cold start from the API server, whole-tree
-peak and steady RSS, partial add/change/delete p50/p99 -- the numbers
-RESULTS.md sets beside upstream kube-proxy's.
+the userspace on every row. The first section, "Targets", is one line per
+size and userspace: cold start from the API server (and as a pod), whole-tree
+peak RSS at a first start and at a restart, steady RSS, partial
+add/change/delete p50/p99 -- the figures of RESULTS.md's targets and
+ceilings table.
 
-python bench/report.py [bench/results]
+python bench/report.py [DIR]   # DIR: run_all.sh's --out, bench/out by default
 """
 
 from __future__ import annotations
@@ -224,6 +225,19 @@ def churn(rows: list[dict[str, Any]]) -> str:
     return table(header, body)
 
 
+def phases(rows: list[dict[str, Any]]) -> str:
+    """A first full sync's CPU by phase (bench/sync_phases.py)."""
+    names = ("render", "compact", "stage", "encode", "record", "snapshot", "nft")
+    return table(
+        ["case", "userspace", "sync s", "CPU s", *(f"{n} CPU s" for n in names)],
+        [
+            [r["case"], r["userspace"], r["sync_s"], r["cpu_s"],
+             *(r["phases"].get(n, {}).get("cpu_s") for n in names)]
+            for r in measured(rows)
+        ],
+    )  # fmt: skip
+
+
 def dataplane(rows: list[dict[str, Any]]) -> str:
     measured = [r for r in rows if r["case"] != "machine" and not r["case"].startswith("ratio/")]
     header = [
@@ -273,29 +287,13 @@ def dataplane(rows: list[dict[str, Any]]) -> str:
     return table(header, body) + "\n\n" + rt
 
 
-def levers(rows: list[dict[str, Any]]) -> str:
-    keys = (
-        "sep_chains",
-        "fw_chains",
-        "hairpin_exact",
-        "client_masqueraded",
-        "spread_over_endpoints",
-        "affinity_sticks",
-        "source_ranges_enforced",
-        "errors",
-    )
-    return table(
-        ["variant", "userspace", *keys],
-        [[r["variant"], r["userspace"], *(r.get(k) for k in keys)] for r in measured(rows)],
-    )
-
-
 TARGET_SIZES = ((1000, 10), (10000, 10), (5000, 50), (45000, 1))
 
 
 def targets(root: Path) -> str:
-    """One line per size and userspace: the product's numbers that issue 12
-    sets targets for (cold_sync api/agent-file, partial_sync[_45k] baseline)."""
+    """One line per size and userspace: the product's numbers that RESULTS.md's
+    targets and ceilings table holds (cold_sync api/api-restart/pod/agent-file,
+    partial_sync[_45k] baseline)."""
     colds = measured(load(root, "cold_sync"))
     partials = [
         r
@@ -318,6 +316,7 @@ def targets(root: Path) -> str:
         "…as a pod s",
         "…from a file s",
         "peak RSS MB, whole tree",
+        "…at a restart",
         "steady RSS MB",
         "peak / steady MB as a pod",
         "partial add p50 / p99 ms",
@@ -335,6 +334,7 @@ def _target_cells(
     cold_by: dict[Any, dict[str, Any]], steps: dict[str, dict[str, Any]]
 ) -> list[Any]:
     api, pod, from_file = cold_by.get("api"), cold_by.get("pod"), cold_by.get("agent-file")
+    restart = cold_by.get("api-restart")
 
     def pct(step: str) -> str | None:
         r = steps.get(step)
@@ -345,6 +345,7 @@ def _target_cells(
         pod and pod["start_to_commit_s"],
         from_file and from_file["start_to_commit_s"],
         api and api["peak_tree_mb"],
+        restart and restart["peak_tree_mb"],
         api and f"{api['steady_tree_mb']:.0f} (after {api['steady_after_s']:.0f} s)",
         pod and f"{pod['peak_tree_mb']:.0f} / {pod['steady_tree_mb']:.0f}",
         pct("add"),
@@ -360,22 +361,13 @@ SECTIONS = (
     ("Partial sync, 45,000 x 1", "partial_sync_45k", partial),
     ("Churn", "churn", churn),
     ("Dataplane", "dataplane", dataplane),
-    ("Cold full sync, lever prototypes", "cold_sync_levers", cold),
-    ("Cold full sync, long-lived context", "cold_sync_nofresh", cold),
-    ("Cold full sync, full sync committed shard by shard", "cold_sync_split", cold),
-    ("Partial sync, lever prototypes", "partial_sync_levers", partial),
-    ("Partial sync, re-run on a quiet machine", "partial_sync_rerun", partial),
-    ("Partial sync, lever ladder", "partial_sync_ladder", partial),
-    ("Partial sync, mix without affinity", "partial_sync_noaff", partial),
-    ("Churn, lever prototypes", "churn_levers", churn),
-    ("Churn, gc.freeze() after full syncs", "churn_gcfreeze", churn),
-    ("Lever prototypes, checked by traffic", "levers", levers),
+    ("A first full sync's CPU, phase by phase", "sync_phases", phases),
 )  # fmt: skip
 
 
 def main() -> int:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "results")
-    print(f"### Issue 12 targets\n\n{targets(root)}\n")
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "out")
+    print(f"### Targets\n\n{targets(root)}\n")
     for title, name, fn in SECTIONS:
         rows = load(root, name)
         if rows:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The benchmarks, one after the other (never two at once: they would skew
-# each other on a 2-core machine), in one or both nftables userspaces.
-# Results (JSON lines, every line naming its userspace) go to
-# bench/results/<name>.jsonl (host) and <name>.trixie.jsonl (trixie), the
-# human tables and progress to <name>[.trixie].log; `python bench/report.py`
-# prints the tables. Needs root. Each script waits for the machine to be
-# quiet before measuring and records the CPU share other processes took
+# The benchmarks behind bench/RESULTS.md, one after the other (never two at
+# once: they would skew each other on a 2-core machine), in one or both
+# nftables userspaces. Results (JSON lines, every line naming its
+# userspace) go to <out>/<name>.jsonl (host) and <name>.trixie.jsonl
+# (trixie), the human tables and progress to <name>[.trixie].log;
+# `python bench/report.py [<out>]` prints the tables. <out> is bench/out/
+# by default, which git ignores: copy into bench/results/ only the files a
+# RESULTS.md table quotes. Needs root. Each script waits for the machine to
+# be quiet before measuring and records the CPU share other processes took
 # (`foreign_cpu`) next to every number. A failing script is reported and
 # the rest still run; the exit status is then 1.
 #
@@ -17,19 +19,13 @@
 #               benchmark runs in each, back to back.
 # --quick       every script in --quick mode (small sizes: a smoke test of
 #               the set, a few minutes per userspace).
-# --out DIR     where results go (default bench/results; e.g. a scratch
-#               directory for --quick, so the committed results stay).
-# NAME          run only these. Without names: the product set (issue 12's
-#               numbers): cold_sync partial_sync partial_sync_45k churn
-#               dataplane. The levers of bench/levers.py (shard tables,
-#               split full commits, gc.freeze) run only when named: levers
-#               partial_sync_levers partial_sync_noaff partial_sync_ladder
-#               cold_sync_levers cold_sync_nofresh cold_sync_split
-#               churn_levers churn_gcfreeze; so does sync_phases (where a
-#               first full sync's CPU goes, phase by phase).
+# --out DIR     where results go (default bench/out).
+# NAME          run only these, of: cold_sync partial_sync partial_sync_45k
+#               churn dataplane sync_phases (the default: all of them).
+#               The one-off probes of bench/probes/ are not run here.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-out="$here/bench/results"
+out="$here/bench/out"
 userspaces=host
 quick=()
 selected=()
@@ -50,6 +46,12 @@ while [ $# -gt 0 ]; do
 done
 for us in ${userspaces//,/ }; do
   [[ $us == host || $us == trixie ]] || die "unknown userspace $us (host, trixie)"
+done
+for name in "${selected[@]}"; do
+  case " cold_sync partial_sync partial_sync_45k churn dataplane sync_phases " in
+    *" $name "*) ;;
+    *) die "unknown benchmark $name" ;;
+  esac
 done
 [ "$(id -u)" -eq 0 ] || die "needs root"
 mkdir -p "$out"
@@ -77,14 +79,12 @@ args_for_mode() {
   [ ${#quick[@]} -eq 0 ] || printf '%s\0' --quick
 }
 
-# run GROUP NAME SCRIPT [ARGS...]: GROUP product runs by default, levers only when named.
+# run NAME SCRIPT [ARGS...]: every NAME by default, only the named ones if any are.
 run() {
-  local group=$1 name=$2 us suffix
-  shift 2
+  local name=$1 us suffix
+  shift
   if [ ${#selected[@]} -gt 0 ]; then
     [[ " ${selected[*]} " == *" $name "* ]] || return 0
-  elif [ "$group" != product ]; then
-    return 0
   fi
   local argv=()
   mapfile -d '' argv < <(args_for_mode "$@")
@@ -106,31 +106,15 @@ run() {
   done
 }
 
-# The product as it is (issue 12's numbers).
-run product cold_sync bench/cold_sync.py --sources api,api-restart,pod,agent-file,file --variants baseline \
+# RESULTS.md's targets and ceilings table, the upstream comparison and the
+# known misses' causes.
+run cold_sync bench/cold_sync.py --sources api,api-restart,pod,agent-file,file --variants baseline \
   --sizes 1000x10,10000x10,5000x50,45000x1
-run product partial_sync bench/partial_sync.py --variants baseline --sizes 1000x10,10000x10
-run product partial_sync_45k bench/partial_sync.py --variants baseline --sizes 45000x1
-run product churn bench/churn.py --variants baseline
-run product dataplane bench/dataplane.py
-run levers sync_phases bench/sync_phases.py --sizes 10000x10,45000x1
-
-# The levers (bench/levers.py) around the real Proxier: shard tables, split
-# full commits, gc.freeze (the inline DNAT and shared source-range sets are
-# the product since ruleset v2).
-run levers levers bench/levers.py --variants baseline,shard4,shard16+split+gcfreeze
-run levers partial_sync_levers bench/partial_sync.py --variants baseline,shard16
-run levers partial_sync_noaff bench/partial_sync.py --no-affinity --variants baseline,shard16
-run levers partial_sync_ladder bench/partial_sync.py --sizes 10000 --reps 20 \
-  --variants baseline,shard4,shard16
-run levers cold_sync_levers bench/cold_sync.py --sources file --sizes 1000x10,10000x10,5000x50 \
-  --variants baseline,shard16
-run levers cold_sync_nofresh bench/cold_sync.py --sources file --sizes 10000x10 \
-  --variants baseline-nofresh
-run levers cold_sync_split bench/cold_sync.py --sources file --sizes 10000x10,5000x50 \
-  --variants shard16+split
-run levers churn_levers bench/churn.py --variants baseline,shard16
-run levers churn_gcfreeze bench/churn.py --variants baseline+gcfreeze,shard16+gcfreeze
+run partial_sync bench/partial_sync.py --variants baseline --sizes 1000x10,10000x10
+run partial_sync_45k bench/partial_sync.py --variants baseline --sizes 45000x1
+run churn bench/churn.py --variants baseline
+run dataplane bench/dataplane.py
+run sync_phases bench/sync_phases.py --sizes 10000x10,45000x1
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "run_all: failed: ${failed[*]}" >&2

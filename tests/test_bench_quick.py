@@ -177,7 +177,7 @@ def test_partial_sync_single_endpoint_shape_changes_an_endpoint() -> None:
 
 
 def test_lever_prototypes_keep_the_semantics_they_claim() -> None:
-    got = cases(run_quick("levers.py"))
+    got = cases(run_quick("probes/levers.py"))
     assert {"verify/baseline", "verify/shard4"} <= set(got)
     for case, row in got.items():
         assert row["hairpin_exact"] is True, (case, row)  # a loose hairpin fails here

@@ -24,7 +24,7 @@ Backend: the real NftBackend in a throwaway network namespace (`--backend
 nft`, the default as root; the userspace, `nft --version`, is printed), or
 FakeBackend (`--backend fake`, no root needed).
 
-    python bench/api_outage.py [--quick] [--outage 30] [--reps 5]
+    python bench/probes/api_outage.py [--quick] [--outage 30] [--reps 5]
         [--variants after,before] [--backend nft|fake] [--before-rev REV]
 """
 
@@ -41,8 +41,10 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchlib
 import benchlib as bl
 from fakeapi import FakeApiServer
 from k8s import endpoint_slice, node, service

@@ -23,7 +23,7 @@ Times (p50 of R add-then-remove cycles, the removal untimed):
                  binds);
 - `new_chooser_small_map`: the same, binding a map of 3,000 elements.
 
-    python bench/dispatch_probe.py [--services 10000] [--endpoints 10] [--reps 20]
+    python bench/probes/dispatch_probe.py [--services 10000] [--endpoints 10] [--reps 20]
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchlib
 import benchlib as bl
 
 BENCH = "dispatch_probe"

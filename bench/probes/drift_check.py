@@ -20,7 +20,7 @@ namespace gets the full table; then R repetitions of each probe (ms):
 It also checks that one full sync moves the generation by exactly one (one
 transaction), which the check relies on.
 
-    python bench/drift_check.py [--quick] [--sizes 1000,10000] [--endpoints 3] [--reps 5]
+    python bench/probes/drift_check.py [--quick] [--sizes 1000,10000] [--endpoints 3] [--reps 5]
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchlib
 import benchlib as bl
 
 BENCH = "drift_check"

@@ -11,7 +11,7 @@ KUBE-POSTROUTING; the filter chains kube-proxy hooks (KUBE-FORWARD,
 KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS, KUBE-PROXY-FIREWALL).
 Chain names use kube-proxy's hashes (nftproxy.core.rules.names).
 
-    python bench/iptables_ruleset.py N > rules.txt   # N filler services + 1 target
+    python bench/probes/iptables_ruleset.py N > rules.txt   # N filler services + 1 target
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchlib
 import benchlib  # noqa: F401  (puts the repository on sys.path)
 
 from nftproxy.core.model import Endpoint, L4Protocol, ServicePortName

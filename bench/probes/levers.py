@@ -37,7 +37,7 @@ syntax: JSON has no rules inside a chain object. They cannot be used while
 the product sends JSON; partial_sync.py measures the chain-dump tax they (or
 libnftables >= 1.1.1) would remove.
 
-`python bench/levers.py [--quick] [--variants baseline,shard4]` checks each
+`python bench/probes/levers.py [--quick] [--variants baseline,shard4]` checks each
 variant by traffic in a sandbox (exact hairpin, masquerade of off-cluster
 clients, spread, affinity, source ranges; no KUBE-SEP / KUBE-FW chains) and
 prints one result line per variant.
@@ -52,8 +52,10 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchlib
 import benchlib as bl
 
 BENCH = "levers"

@@ -20,8 +20,8 @@ times, R times each, transactions that add and remove again:
 - `rewrite`:    flush one existing KUBE-SVC chain and add its rules again
                 (what "change one endpoint" of an affinity port sends);
 - `shared_elem`: one `service-ips` element -> the shared chooser
-                dispatch-tcp-a-10 (ruleset v7);
-- `vip_elems`:  its 10 `vip-endpoints-tcp-a` elements;
+                dispatch-tcp-10 (ruleset v7);
+- `vip_elems`:  its 10 `vip-endpoints-tcp` elements;
 - `add_service`: both, with a hairpin element: what adding a ClusterIP
                 service of 10 endpoints sends (v7-v9), but its cluster-ips
                 element;
@@ -35,7 +35,7 @@ times, R times each, transactions that add and remove again:
                 destination sends beside its plain elements (eighteenth
                 pass: deleting a goto element is not validated).
 
-    python bench/validation_probe.py [--size 10000x10] [--reps 15] [--no-affinity]
+    python bench/probes/validation_probe.py [--size 10000x10] [--reps 15] [--no-affinity]
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchlib
 import benchlib as bl
 
 BENCH = "validation_probe"
@@ -75,10 +77,10 @@ def _cases(table: dict[str, str], svc_chain: str, rules: list[Any]) -> dict[str,
     }
     chain = {**table, "name": svc_chain}
     pick = {**rules[-1], "chain": "KUBE-PROBE"}
-    shared = {**goto, "elem": [[key, {"goto": {"target": "dispatch-tcp-a-10"}}]]}
+    shared = {**goto, "elem": [[key, {"goto": {"target": "dispatch-tcp-10"}}]]}
     targets = [[{"concat": ["10.254.0.1", 9, i]}, {"concat": [f"10.253.0.{i + 1}", 80]}]
                for i in range(10)]
-    picked = {**table, "name": "vip-endpoints-tcp-a", "elem": targets}
+    picked = {**table, "name": "vip-endpoints-tcp", "elem": targets}
     new_service = [{"add": {"element": e}} for e in (picked, elem, shared)]
     cont = {**goto, "elem": [[key, {"continue": None}]]}
     bits = [{**table, "name": f"probe-bits-{i}", "elem": [key]} for i in range(4)]

@@ -2,7 +2,7 @@
 
 Layer: bench tooling. One job: load the product's table (10,000 x 10 by
 default) in a throwaway namespace, time the add (and removal) of one
-`service-ips` element -> dispatch-tcp-a-10, then change the table step by
+`service-ips` element -> dispatch-tcp-10, then change the table step by
 step and time it again after each step:
 
 1. `inline_mark`: every shared chooser's `jump KUBE-MARK-MASQ` becomes the
@@ -18,7 +18,7 @@ step and time it again after each step:
 4. `few_elements`: all but 100 of the remaining `service-ips` elements are
    deleted.
 
-    python bench/validation_split.py [--size 10000x10] [--reps 25]
+    python bench/probes/validation_split.py [--size 10000x10] [--reps 25]
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchlib
 import benchlib as bl
 
 BENCH = "validation_split"
@@ -36,7 +38,7 @@ T = {"family": "ip", "table": "nftproxy"}
 
 def _p50(backend: Any, reps: int) -> float:
     key = {"concat": ["10.254.0.1", "tcp", 9]}
-    elem = {**T, "name": "service-ips", "elem": [[key, {"goto": {"target": "dispatch-tcp-a-10"}}]]}
+    elem = {**T, "name": "service-ips", "elem": [[key, {"goto": {"target": "dispatch-tcp-10"}}]]}
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
