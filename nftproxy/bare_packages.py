@@ -6,8 +6,8 @@ its `__init__.py`, unless it is imported already. Importing one of its
 submodules then loads only what that submodule needs.
 
 Why: two libraries the agent uses import far more from their package
-`__init__` than the agent needs (bench/RESULTS.md, twentieth and
-twenty-first passes):
+`__init__` than the agent needs, which costs start time and memory
+(bench/RESULTS.md, "What moved the numbers"):
 - pyroute2 exports every one of its 163 modules (kernel/pyroute2_modules.py);
 - kubernetes imports its dynamic client, watch, stream, leader election
   and kubeconfig loader, and through that loader requests, requests-oauthlib

@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pytest
-
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import (
     Endpoint,
@@ -38,23 +36,20 @@ from nftproxy.core.model import (
 )
 from nftproxy.core.rules import dispatch as shared_dispatch
 from nftproxy.core.rules import names
-from nftproxy.core.rules import picks as pick_trees
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.detect import local_detector
-from nftproxy.core.rules.dispatch import generation_chains
 from nftproxy.core.rules.fragment import (
     Chain,
-    Element,
     Fragment,
     Key,
     Rule,
+    SetDecl,
     Target,
     Verdict,
     affinity_table_name,
     kernel_name,
 )
 from nftproxy.core.rules.service import RenderContext, RenderedPort, render_service_port
-from nftproxy.core.rules.skeleton import is_endpoints_map
 
 __all__ = [
     "AFFINITY",
@@ -95,7 +90,10 @@ __all__ = [
     "rules_of",
     "sep",
     "service_port",
+    "shared_chains",
     "shared_dnat",
+    "shared_rules",
+    "shared_sets",
     "spn",
     "text",
     "to",
@@ -168,32 +166,10 @@ def many(n: int, *, local: bool = False, base: str = "10.180") -> tuple[Endpoint
 
 
 def context(
-    family: IPFamily = IPFamily.IPV4,
-    config: ProxyConfig = CONFIG,
-    node: NodeInfo = NODE,
-    *,
-    pick_trees: bool = False,
+    family: IPFamily = IPFamily.IPV4, config: ProxyConfig = CONFIG, node: NodeInfo = NODE
 ) -> RenderContext:
-    """A full sync's context; `pick_trees`: a partial sync's (a shared
-    destination through the pick tree, not by goto)."""
     detector = local_detector(family, config, node)
-    return RenderContext(family, config, node, detector, pick_trees=pick_trees)
-
-
-def render_own(
-    port: ServicePort,
-    endpoints: Sequence[Endpoint] = (),
-    *,
-    config: ProxyConfig = CONFIG,
-    node: NodeInfo = NODE,
-) -> RenderedPort:
-    """`render`, the port keeping KUBE-SVC/SVL/EXT chains of its own, as one
-    with ClientIP affinity or more than DISPATCH_MAX endpoints does (ruleset
-    v8 shares every other port's choosers): the own-chain renderer, shown
-    with a few endpoints."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(shared_dispatch, "DISPATCH_MAX", 0)
-        return render(port, endpoints, config=config, node=node)
+    return RenderContext(family, config, node, detector, sk.choosers(family, config, node))
 
 
 def render(
@@ -202,11 +178,9 @@ def render(
     *,
     config: ProxyConfig = CONFIG,
     node: NodeInfo = NODE,
-    pick_trees: bool = False,
 ) -> RenderedPort:
-    """The port's fragment as a full sync renders it (`pick_trees`: a partial sync)."""
-    ctx = context(port.family, config, node, pick_trees=pick_trees)
-    return render_service_port(port, endpoints, ctx)
+    """The port's fragment, as a sync renders it."""
+    return render_service_port(port, endpoints, context(port.family, config, node))
 
 
 def chain_of(fragment: Fragment, name: str) -> Chain:
@@ -220,8 +194,8 @@ def chain_of(fragment: Fragment, name: str) -> Chain:
 
 
 def elements_of(fragment: Fragment, set_name: str) -> dict[Key, Verdict | Target | None]:
-    """The set's elements, the pick tree's read as gotos (`resolved`)."""
-    return {e.key: e.value for e in resolved(fragment) if e.set_name == set_name}
+    """The set's elements."""
+    return {e.key: e.value for e in fragment.elements if e.set_name == set_name}
 
 
 # --- the service-port tests' named ports, chains and readings -------------------
@@ -251,7 +225,7 @@ ETP_LOCAL = service_port(
     external_traffic_policy=LOCAL,
 )
 ETP_LOCAL_NODEPORT = service_port(node_port=3001, external_traffic_policy=LOCAL)
-"""A node port that keeps chains of its own (v7: eTP=Cluster ones share choosers)."""
+"""An eTP=Local node port (through nodeport-local and its choosers maps)."""
 ITP_LOCAL = service_port(internal_traffic_policy=LOCAL)
 AFFINITY = service_port(session_affinity=SessionAffinity.CLIENT_IP, affinity_timeout=600)
 REMOTE = (endpoint(EP1),)
@@ -275,26 +249,18 @@ def client_key(port: ServicePort, ip: str, family: str = "ip", number: int = 80)
     return f"{family} saddr . {constant} {k1} . {constant} {k2}"
 
 
-def endpoints_map_of(chain: str, protocol: str = "tcp", generation: str = "a") -> str:
-    """The endpoints map (protocol, generation, the shard of the chain's
-    key) that chooser `chain` picks from."""
-    shard = sk.endpoints_shard(names.endpoints_key(chain))
-    return sk.endpoints_map(L4Protocol(protocol.upper()), generation, shard)
-
-
 def sep(ip: str, port: ServicePort = SVC1, number: int = 80) -> str:
     """kube-proxy's KUBE-SEP-<h> of endpoint ip:number of `port`."""
     return names.endpoint_chain(port.name, endpoint(ip, number))
 
 
 def labels(port: ServicePort) -> dict[str, str]:
-    """Chain name -> short label: SVC, SVL, EXT (no KUBE-SEP/KUBE-FW chains in v2);
-    the skeleton's shared choosers (v7) by their own name: dispatch-tcp-a-1."""
+    """Chain name -> short label: SVC, SVL, EXT (the shared choosers, by
+    their own name: dispatch-tcp-1, `_verdict_label`)."""
     spn = port.name
     own = {names.service_chain(spn): "SVC", names.local_chain(spn): "SVL",
            names.external_chain(spn): "EXT"}
     return {
-        **{chain: chain for chain in generation_chains(sk.GENERATIONS)},
         **own,
         **{affinity_table_name(chain): label for chain, label in own.items()},
         "KUBE-REJECT": "KUBE-REJECT",
@@ -304,104 +270,32 @@ def labels(port: ServicePort) -> dict[str, str]:
 def _verdict_label(v: Verdict | Target | None, lab: Mapping[str, str]) -> str | None:
     if v is None or isinstance(v, Target):
         return None if v is None else str(v)
-    return f"{v.kind} {lab[v.target]}" if v.target else v.kind
-
-
-_SELECTOR_SETS = frozenset(
-    name
-    for nodeport in (False, True)
-    for g in sk.GENERATIONS
-    for name in (
-        pick_trees.shared_set(g, nodeport=nodeport),
-        *(pick_trees.count_bit_set(b, g, nodeport=nodeport)
-          for b in range(pick_trees.COUNT_BITS)),
-    )
-)
-
-
-def _generation(fragment: Fragment) -> str:
-    """The generation the fragment's shared choosers' elements name (their
-    endpoints maps': vip-endpoints-tcp-b), "a" without any."""
-    for e in fragment.elements:
-        generation = sk.generation_of(e.set_name)
-        if generation is not None and not sk.is_hairpin_set(e.set_name):
-            return generation
-    return "a"
-
-
-def resolved(fragment: Fragment) -> list[Element]:
-    """The fragment's elements with each `continue` of service-ips /
-    service-nodeports read through its pick-tree elements (ruleset v10:
-    membership and the bits of count - 1, rules/dispatch.py) as the goto
-    to the shared chooser it reaches, and those elements left out; checks
-    that every such destination is a member."""
-    generation = _generation(fragment)
-    sets_of: dict[Key, set[str]] = {}
-    for e in fragment.elements:
-        if e.set_name in _SELECTOR_SETS:
-            sets_of.setdefault(e.key, set()).add(e.set_name)
-    out: list[Element] = []
-    for e in fragment.elements:
-        if e.set_name in _SELECTOR_SETS:
-            continue
-        if isinstance(e.value, Verdict) and e.value.kind == "continue":
-            nodeport = e.set_name == sk.SERVICE_NODEPORTS
-            member = sets_of.get(e.key, set())
-            assert pick_trees.shared_set(generation, nodeport=nodeport) in member, e
-            bits = [b for b in range(pick_trees.COUNT_BITS)
-                    if pick_trees.count_bit_set(b, generation, nodeport=nodeport)
-                    in member]
-            protocol = L4Protocol(str(e.key[0 if nodeport else 1]).upper())
-            leaf = (shared_dispatch.nodeport_dispatch_chain if nodeport
-                    else shared_dispatch.dispatch_chain)
-            target = leaf(protocol, generation, pick_trees.count_of(bits))
-            e = Element(e.set_name, e.key, Verdict("goto", target), e.comment)
-        out.append(e)
-    return out
+    if not v.target:
+        return v.kind
+    shared = shared_dispatch.is_shared_chain(v.target)
+    return f"{v.kind} {v.target if shared else lab[v.target]}"
 
 
 def dispatch(fragment: Fragment, lab: Mapping[str, str]) -> Elements:
-    """set name -> {key: verdict label (None in plain sets)}, for every
-    element but the endpoints maps' (a chooser's: `rules_of` shows them);
-    the pick tree's read as the goto it amounts to (`resolved`)."""
+    """set name -> {key: verdict label (None in plain sets)}, for every element."""
     out: Elements = {}
-    for e in resolved(fragment):
-        if not is_endpoints_map(e.set_name):
-            out.setdefault(e.set_name, {})[e.key] = _verdict_label(e.value, lab)
+    for e in fragment.elements:
+        out.setdefault(e.set_name, {})[e.key] = _verdict_label(e.value, lab)
     return out
 
 
-def picks(*ips: str, port: int = 80, protocol: str = "tcp") -> str:
-    """How `rules_of` shows a chooser's one rule that picks, with equal
-    chances, one of these endpoints from its endpoints map."""
-    targets = ", ".join(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips)
-    return f"meta l4proto {protocol} dnat to one of {targets}"
-
-
-def shared_dnat(n: int, protocol: str = "tcp", generation: str = "a", ip: str = "ip") -> str:
-    """A shared VIP chooser's DNAT rule (skeleton's dispatch-<protocol>-<generation>-<n>,
-    v7) in nft syntax: key (VIP, port, i), i uniform over 0..n-1."""
+def shared_dnat(n: int, protocol: str = "tcp", ip: str = "ip") -> str:
+    """A shared VIP chooser's DNAT rule (dispatch-<protocol>-<n>) in nft
+    syntax: key (VIP, port, i), i uniform over 0..n-1."""
     return (f"meta l4proto {protocol} dnat {ip} to {ip} daddr . {protocol} dport . "
-            f"numgen random mod {n} map @vip-endpoints-{protocol}-{generation}")
+            f"numgen random mod {n} map @vip-endpoints-{protocol}")
 
 
-def nodeport_dnat(n: int, protocol: str = "tcp", generation: str = "a", ip: str = "ip") -> str:
-    """A shared node port chooser's DNAT rule (skeleton's
-    dispatch-nodeport-<protocol>-<generation>-<n>, v7) in nft syntax: key
-    (node port, i), i uniform over 0..n-1."""
+def nodeport_dnat(n: int, protocol: str = "tcp", ip: str = "ip") -> str:
+    """A shared node port chooser's DNAT rule (dispatch-nodeport-<protocol>-<n>)
+    in nft syntax: key (node port, i), i uniform over 0..n-1."""
     return (f"meta l4proto {protocol} dnat {ip} to {protocol} dport . "
-            f"numgen random mod {n} map @nodeport-endpoints-{protocol}-{generation}")
-
-
-def picked(fragment: Fragment, rule: Rule) -> list[Element]:
-    """The endpoints-map elements a chooser's map rule picks from, in index
-    order (asserting there is one for every index)."""
-    (dnat,) = [s["dnat"] for s in rule.expr if "dnat" in s]
-    parts = dnat["addr"]["map"]["key"]["concat"]
-    fixed = tuple(p["numgen"]["offset"] for p in parts[:-1])
-    name = dnat["addr"]["map"]["data"].lstrip("@")
-    mine = {e.key: e for e in fragment.elements if e.set_name == name}
-    return [mine[(*fixed, i)] for i in range(parts[-1]["numgen"]["mod"])]
+            f"numgen random mod {n} map @nodeport-endpoints-{protocol}")
 
 
 def hairpin(*ips: str) -> Elements:
@@ -491,19 +385,25 @@ def text(rule: Rule) -> str:
     return " ".join(_statement(s) for s in rule.expr)
 
 
-def _is_map_pick(rule: Rule) -> bool:
-    return any("dnat" in s and isinstance(s["dnat"]["addr"], dict) for s in rule.expr)
-
-
 def rules_of(fragment: Fragment, chain: str) -> list[str]:
-    """The chain's rules in nft syntax; a chooser's map rule as `picks` of
-    the endpoints its elements DNAT to."""
-    out = []
-    for r in chain_of(fragment, chain).rules:
-        if _is_map_pick(r):
-            proto = text(r).split()[2]
-            targets = ", ".join(str(e.value) for e in picked(fragment, r))
-            out.append(f"meta l4proto {proto} dnat to one of {targets}")
-        else:
-            out.append(text(r))
-    return out
+    """The chain's rules in nft syntax."""
+    return [text(r) for r in chain_of(fragment, chain).rules]
+
+
+# --- the shared objects a fragment uses ----------------------------------------
+
+
+def shared_chains(fragment: Fragment) -> dict[str, Chain]:
+    """The chains of the shared bundles the fragment uses (`Fragment.shared`:
+    the choosers and eTP=Local chains rules/dispatch.py makes), by name."""
+    return {c.name: c for s in fragment.shared for c in s.chains}
+
+
+def shared_sets(fragment: Fragment) -> dict[str, SetDecl]:
+    """The maps of the shared bundles the fragment uses, by name."""
+    return {d.name: d for s in fragment.shared for d in s.sets}
+
+
+def shared_rules(fragment: Fragment, chain: str) -> list[str]:
+    """The rules of the shared chain `chain` the fragment uses, in nft syntax."""
+    return [text(r) for r in shared_chains(fragment)[chain].rules]

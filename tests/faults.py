@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import re
 import signal
 import socket
 import subprocess
@@ -31,7 +30,7 @@ from nftproxy.cluster.events import ClusterEvents
 from nftproxy.cluster.file import FileSource, WatchedFiles
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.nft.listing import merged_document
-from nftproxy.core.rules import names, skeleton
+from nftproxy.core.rules import names
 from nftproxy.kernel import netns
 from nftproxy.kernel.conntrack import Conntrack
 from nftproxy.kernel.libnftables import NftBackend
@@ -143,50 +142,13 @@ def _hooked(doc: Mapping[str, Any], family: str, table: str) -> bool:
 
 
 def tables(ns: str) -> dict[str, Any]:
-    """Our two tables by family, compared by content (None: absent), the
-    endpoints maps' generation left out (a resync in steps fills the next)."""
+    """Our two tables by family, compared by content (None: absent)."""
     doc = json.loads(kernel.nft(ns, "-j", "list", "ruleset"))
     out: dict[str, Any] = {}
     for family in ("ip", "ip6"):
         table = our_table(doc, family)
         out[family] = kernel.canonical(table) if table is not None else None
-    return dict(json.loads(in_generation(json.dumps(out), "a")))
-
-
-_HAIRPIN = tuple(skeleton.hairpin_set(g) for g in skeleton.GENERATIONS)
-
-
-def in_generation(listed: str, generation: str) -> str:
-    """A listing's JSON text (of `kernel.canonical` tables) with its
-    endpoints maps, shared choosers, pick trees and eTP=Local chains and maps
-    (rules/dispatch.py) renamed to
-    `generation`'s, and its hairpin elements in
-    that generation's hairpin set (the others empty)."""
-    choosers = r"((?:endpoints|dispatch(?:-nodeport)?(?:-local)?)-(?:tcp|udp|sctp)-)[a-z]\b"
-    renamed = re.sub(choosers, rf"\g<1>{generation}", listed)
-    # eTP=Local external destinations' chains and maps (ruleset v8)
-    external = r"\b((?:external|nodeport)-(?:local|(?:cluster|local)-choosers)-)[a-z]\b"
-    renamed = re.sub(external, rf"\g<1>{generation}", renamed)
-    # the pick trees (ruleset v10)
-    renamed = re.sub(r"\b(pick-(?:vip|nodeport)-)[a-z]\b", rf"\g<1>{generation}", renamed)
-    renamed = re.sub(r"\b(shared-(?:vips|nodeports)-)[a-z]\b", rf"\g<1>{generation}", renamed)
-    return json.dumps(_hairpin_in(json.loads(renamed), generation), sort_keys=True)
-
-
-def _hairpin_in(value: Any, generation: str) -> Any:
-    """Every canonical table in `value` with its hairpin elements moved."""
-    if isinstance(value, list):
-        return [_hairpin_in(v, generation) for v in value]
-    if not isinstance(value, dict):
-        return value
-    sets = value.get("sets")
-    if not isinstance(sets, dict) or not all(name in sets for name in _HAIRPIN):
-        return {k: _hairpin_in(v, generation) for k, v in value.items()}
-    moved = sorted(e for name in _HAIRPIN for e in sets[name][-1])
-    target = skeleton.hairpin_set(generation)
-    new_sets = {n: [*d[:-1], moved if n == target else []] if n in _HAIRPIN else d
-                for n, d in sets.items()}
-    return {**value, "sets": new_sets}
+    return out
 
 
 Counts = tuple[int, int, int, int]
@@ -350,9 +312,8 @@ def service_shapes(doc: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     hairpin = {e["concat"][0] for e in sets.get("hairpin-endpoints", [])}
     out = {}
     for key, verdict in sets.get("service-ips", []):
-        vip, proto, port = (key["elem"]["val"] if "elem" in key else key)["concat"]
-        chain = kernel.picked_chooser(sets, [vip, proto, port]) if "continue" in verdict else (
-            verdict["goto"]["target"])
+        vip, _, port = (key["elem"]["val"] if "elem" in key else key)["concat"]
+        chain = verdict["goto"]["target"]
         eps = _targets(addrs.get(chain, []), sets, (vip, port))
         out[vip] = (len(eps), sum(ep in hairpin for ep in eps))
     return out

@@ -281,7 +281,7 @@ class Harness:
     def _tables(backend: Backend) -> dict[str, Any]:
         return {
             f: kernel.canonical(
-                list_family(backend.list_table, f, CONFIG.table_name), picks_as_gotos=True
+                list_family(backend.list_table, f, CONFIG.table_name)
             )
             for f in ("ip", "ip6")
         }

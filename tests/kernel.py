@@ -11,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import secrets
 import subprocess
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -125,18 +124,11 @@ def normalize(doc: dict[str, Any] | None) -> list[dict[str, Any]] | None:
     return out
 
 
-def canonical(
-    doc: dict[str, Any] | None, *, picks_as_gotos: bool = False
-) -> dict[str, Any] | None:
+def canonical(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     """A listing compared by content: chains, rules in order, sets with sorted
-    elements; handles and listing order ignored. `picks_as_gotos`: each
-    destination a partial sync sent through a pick tree read as the goto a
-    full sync writes (`with_gotos`), so that tables after partial syncs
-    compare equal to one full sync's."""
+    elements; handles and listing order ignored."""
     if doc is None:
         return None
-    if picks_as_gotos:
-        return with_gotos(canonical(doc))
     chains: dict[str, Any] = {}
     rules: dict[str, list[Any]] = defaultdict(list)
     sets: dict[str, Any] = {}
@@ -159,58 +151,3 @@ def canonical(
                 elems,
             ]
     return {"chains": chains, "rules": dict(rules), "sets": sets}
-
-
-def picked_chooser(sets: Mapping[str, list[Any]], key: list[Any], *, nodeport: bool = False) -> str:
-    """The shared chooser the pick tree sends a `continue` destination of
-    service-ips (`nodeport`: service-nodeports) to, in a listing's sets
-    (ruleset v10): the generation of the root map's tree, the count from
-    the bit sets the destination is in."""
-    kind, leaf = ("nodeport", "dispatch-nodeport-") if nodeport else ("vip", "dispatch-")
-    (_, root), *_ = sets[f"shared-{kind}s-root"]
-    generation = root["jump"]["target"].removeprefix(f"pick-{kind}-")
-    assert {"concat": key} in sets[f"shared-{kind}s-{generation}"], key
-    bits = [b for b in range(6)
-            if {"concat": key} in sets[f"shared-{kind}s-{generation}-bit{b}"]]
-    proto = key[0 if nodeport else 1]
-    return f"{leaf}{proto}-{generation}-{1 + sum(1 << b for b in bits)}"
-
-
-_TREE_SETS = re.compile(r"shared-(?:vips|nodeports)-[a-z](?:-bit\d)?")
-"""The pick trees' membership and bit sets (rules/picks.py), of any generation."""
-
-
-def pick_tree_elements(doc: dict[str, Any] | None) -> int:
-    """How many elements a listing's pick-tree sets hold: a destination a
-    partial sync sent through its tree is a member, and in the bit sets of
-    its count - 1."""
-    sets = (item.get("set") for item in (doc or {"nftables": []})["nftables"])
-    return sum(len(s.get("elem", [])) for s in sets if s and _TREE_SETS.fullmatch(s["name"]))
-
-
-def with_gotos(canon: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A `canonical` listing with every destination a partial sync sent
-    through a pick tree read as the goto a full sync writes: its `continue`
-    element in service-ips / service-nodeports becomes the goto to the
-    chooser the tree sends it to, and the trees' membership and bit sets
-    are emptied. Two tables that send every destination to the same chooser
-    compare equal, whichever sync wrote which."""
-    if canon is None:
-        return None
-    sets = {name: list(d) for name, d in canon["sets"].items()}
-    decoded = {name: [json.loads(e) for e in d[-1]] for name, d in sets.items()}
-    for kind, dispatch_map in (("vip", "service-ips"), ("nodeport", "service-nodeports")):
-        if dispatch_map not in sets:
-            continue
-        elems = []
-        for key, verdict in decoded[dispatch_map]:
-            if "continue" in verdict:
-                concat = (key["elem"]["val"] if "elem" in key else key)["concat"]
-                target = picked_chooser(decoded, concat, nodeport=kind == "nodeport")
-                verdict = {"goto": {"target": target}}
-            elems.append(json.dumps([key, verdict], sort_keys=True))
-        sets[dispatch_map][-1] = sorted(elems)
-        for name in sets:
-            if _TREE_SETS.fullmatch(name) and name.startswith(f"shared-{kind}s-"):
-                sets[name][-1] = []
-    return {**canon, "sets": sets}

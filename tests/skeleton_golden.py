@@ -1,6 +1,12 @@
 """The golden IPv4 skeleton (default config) of tests/test_rules_skeleton.py,
+and the shared objects the service ports use on demand (a chooser, the map
+it picks from, the eTP=Local chains and their choosers maps: rules/dispatch.py),
 as literal libnftables JSON: written out, not built with
 nftproxy.core.rules.expr, so a change of spelling shows up in the tests.
+
+The skeleton is the fixed list of chains and sets below (SKELETON_CHAINS,
+SKELETON_SETS: 21 and 15 a family); no chooser, no endpoints map, no
+choosers map, no eTP=Local chain and no affinity set is part of it.
 """
 
 from __future__ import annotations
@@ -61,33 +67,19 @@ def mark_or(bit: int) -> dict[str, Any]:
     return {"mangle": {"key": MARK, "value": {"|": [MARK, bit]}}}
 
 
-HAIRPIN_SETS = ("hairpin-endpoints", "hairpin-endpoints-b", "hairpin-endpoints-c")
-"""One per generation (the resync fills a new one in steps); a is v2-v5's name."""
-
-
-def hairpin_rule(ip: str, bit: int, name: str = "hairpin-endpoints") -> tuple[list[Any], str]:
-    """After DNAT, source == destination == an endpoint: mark for masquerade."""
+def hairpin_rule(ip: str, bit: int) -> tuple[list[Any], str]:
+    """After DNAT, source == destination == an endpoint (an element of the
+    one hairpin-endpoints set): mark for masquerade."""
     dnated = {"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}}
     pair = {"match": {"op": "==", "left": {"concat": [saddr(ip), daddr(ip)]},
-                      "right": "@" + name}}
+                      "right": "@hairpin-endpoints"}}
     return [dnated, pair, mark_or(bit)], "hairpin: the client is the endpoint it was sent to"
 
 
-def hairpin_rules(ip: str, bit: int) -> list[tuple[list[Any], str]]:
-    return [hairpin_rule(ip, bit, name) for name in HAIRPIN_SETS]
-
-
 PROTOCOLS = ("tcp", "udp", "sctp")
-COUNTS = range(1, 65)
-"""The shared choosers: one per kind (VIP, node port; of cluster or of local
-endpoints), protocol and endpoint count 1..64; and the two chains of
-eTP=Local external destinations (ruleset v8)."""
-CHOOSER_KINDS = ("", "nodeport-", "local-", "nodeport-local-")
-DISPATCH_CHAINS = {
-    *(f"dispatch-{kind}{p}-a-{n}" for kind in CHOOSER_KINDS for p in PROTOCOLS for n in COUNTS),
-    "external-local-a",
-    "nodeport-local-a",
-}
+
+
+# --- the shared objects (rules/dispatch.py), made with their first user ---------
 
 
 def _dnat_pick(ip: str, protocol: str, key: list[Any], map_name: str) -> list[Any]:
@@ -97,76 +89,52 @@ def _dnat_pick(ip: str, protocol: str, key: list[Any], map_name: str) -> list[An
 
 
 def shared_chooser(ip: str, protocol: str, n: int, local: str = "") -> tuple[list[Any], str]:
-    """dispatch-<protocol>-a-<n>'s DNAT: ip daddr . P dport . numgen random
+    """dispatch-<protocol>-<n>'s DNAT: ip daddr . P dport . numgen random
     mod n in the protocol's vip-endpoints map (no masquerade rule before
     it: the default config has no local-traffic detector); with `local`
-    ("local-"), dispatch-local-<protocol>-a-<n>'s, in vip-local-endpoints."""
+    ("local-"), dispatch-local-<protocol>-<n>'s, in vip-local-endpoints."""
     key = [daddr(ip), {"payload": {"protocol": protocol, "field": "dport"}},
            {"numgen": {"mode": "random", "mod": n}}]
     which = "local endpoints" if local else "endpoints"
-    return (_dnat_pick(ip, protocol, key, f"vip-{local}endpoints-{protocol}-a"),
+    return (_dnat_pick(ip, protocol, key, f"vip-{local}endpoints-{protocol}"),
             f"VIP -> {n} {which}")
 
 
 def nodeport_chooser(ip: str, protocol: str, n: int, local: str = "") -> tuple[list[Any], str]:
-    """dispatch-nodeport-<protocol>-a-<n>'s one rule, a DNAT by P dport .
+    """dispatch-nodeport-<protocol>-<n>'s one rule, a DNAT by P dport .
     numgen random mod n in the protocol's nodeport-endpoints map (no
     masquerade rule: KUBE-NODEPORTS marks the node port); with `local`, of
-    dispatch-nodeport-local-<protocol>-a-<n>, in nodeport-local-endpoints."""
+    dispatch-nodeport-local-<protocol>-<n>, in nodeport-local-endpoints."""
     key = [{"payload": {"protocol": protocol, "field": "dport"}},
            {"numgen": {"mode": "random", "mod": n}}]
     which = "local endpoints" if local else "endpoints"
-    return (_dnat_pick(ip, protocol, key, f"nodeport-{local}endpoints-{protocol}-a"),
+    return (_dnat_pick(ip, protocol, key, f"nodeport-{local}endpoints-{protocol}"),
             f"node port -> {n} {which}")
 
 
 def external_local(key: Any, where: str) -> list[tuple[list[Any], str]]:
-    """external-local-a / nodeport-local-a (eTP=Local external destinations;
+    """external-local / nodeport-local (eTP=Local external destinations;
     no pod rule: the default config has no local-traffic detector)."""
     local_src = {"match": {"op": "==", "left": {"fib": {"result": "type", "flags": ["saddr"]}},
                            "right": "local"}}
     return [
         ([local_src, jump("KUBE-MARK-MASQ")], "masquerade LOCAL traffic"),
-        ([local_src, vmap(key, f"{where}-cluster-choosers-a")], "LOCAL traffic: Cluster policy"),
-        ([vmap(key, f"{where}-local-choosers-a")], "other traffic: local endpoints"),
+        ([local_src, vmap(key, f"{where}-cluster-choosers")], "LOCAL traffic: Cluster policy"),
+        ([vmap(key, f"{where}-local-choosers")], "other traffic: local endpoints"),
     ]
 
 
-def pick_tree(key: Any, kind: str) -> dict[str, list[tuple[list[Any], str | None]]]:
-    """pick-<kind>-a and its 62 descendants (ruleset v10): a node tests
-    the next bit of the destination's endpoint count - 1 (bit 5 first) in
-    shared-<kind>s-a-bit<k> and goes down; the nodes of the last level test
-    bit 0 per protocol and go to the chooser of that count."""
-    sets = "shared-nodeports" if kind == "nodeport" else "shared-vips"
-    leaf = "dispatch-nodeport-" if kind == "nodeport" else "dispatch-"
-    out: dict[str, list[tuple[list[Any], str | None]]] = {}
-    for depth in range(6):
-        for value in range(1 << depth):
-            prefix = format(value, f"0{depth}b") if depth else ""
-            name = f"pick-{kind}-a" + (f"-{prefix}" if prefix else "")
-            bit = {"match": {"op": "==", "left": key, "right": f"@{sets}-a-bit{5 - depth}"}}
-            if depth < 5:
-                out[name] = [([bit, goto(f"pick-{kind}-a-{prefix}1")], None),
-                             ([goto(f"pick-{kind}-a-{prefix}0")], None)]
-                if not prefix:  # the root returns what is not a member
-                    outside = {"match": {"op": "!=", "left": key, "right": f"@{sets}-a"}}
-                    out[name].insert(0, ([outside, {"return": None}],
-                                         "not a destination of the shared choosers"))
-                continue
-            high = int(prefix + "1", 2) + 1
-            proto_rules: list[tuple[list[Any], str | None]] = []
-            for p in PROTOCOLS:
-                is_p = {"match": {"op": "==", "left": L4PROTO, "right": p}}
-                proto_rules += [
-                    ([is_p, bit, goto(f"{leaf}{p}-a-{high}")], f"{high} endpoints"),
-                    ([is_p, goto(f"{leaf}{p}-a-{high - 1}")], f"{high - 1} endpoints"),
-                ]
-            out[name] = proto_rules
-    return out
-
-
-PICK_CHAINS = {*pick_tree(None, "vip"), *pick_tree(None, "nodeport")}
-"""The pick trees of generation a: 63 chains each."""
+def endpoints_map_text(kind: str, protocol: str, local: str = "") -> str:
+    """How libnftables 1.0.6 declares a chooser's map (in nft text only:
+    its integer index has no JSON typeof there): vip-[local-]endpoints-<p>
+    keyed VIP . port . index, nodeport-[local-]endpoints-<p> node port . index."""
+    which = "local endpoint" if local else "endpoint"
+    key, what = ((f"ip daddr . {protocol} dport", "VIP . port") if kind == "vip"
+                 else (f"{protocol} dport", "node port"))
+    return ("add table ip nftproxy\n"
+            f"add map ip nftproxy {kind}-{local}endpoints-{protocol} {{ typeof "
+            f"{key} . numgen random mod 1 : ip daddr . {protocol} dport; "
+            f'comment "{protocol} {what} . index -> {which}"; }}')
 
 
 # --- the golden IPv4 skeleton (default config) --------------------------------
@@ -223,7 +191,6 @@ GOLDEN_V4: dict[str, Rules] = {
           jump("KUBE-MARK-MASQ")], "external destinations of services with shared choosers"),
         ([vmap(addr_proto_port("ip"), "service-ips")],
          "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
-        ([vmap(L4PROTO, "shared-vips-root")], "VIPs of shared choosers: by endpoint count"),
         ([FIB_DADDR_LOCAL, NOT_LOOPBACK_V4, goto("KUBE-NODEPORTS")],
          "NodePort traffic (must be last)"),
     ],
@@ -231,8 +198,6 @@ GOLDEN_V4: dict[str, Rules] = {
         ([{"match": {"op": "==", "left": PROTO_PORT, "right": "@masquerade-nodeports"}},
           jump("KUBE-MARK-MASQ")], "node ports of services with shared choosers"),
         ([vmap(PROTO_PORT, "service-nodeports")], None),
-        ([vmap(L4PROTO, "shared-nodeports-root")],
-         "node ports of shared choosers: by endpoint count"),
     ],
     "KUBE-FIREWALL-CHECK": [
         ([{"match": {"op": "==", "left": addr_proto_port("ip"), "right": "@firewall-vips"}},
@@ -260,7 +225,7 @@ GOLDEN_V4: dict[str, Rules] = {
     ],
     "KUBE-MARK-MASQ": [([mark_or(16384)], None)],
     "KUBE-POSTROUTING": [
-        *hairpin_rules("ip", 16384),
+        hairpin_rule("ip", 16384),
         ([mark_and(16384, 0), {"return": None}], None),
         ([{"mangle": {"key": MARK, "value": {"^": [MARK, 16384]}}}], None),
         ([{"masquerade": {"flags": ["fully-random"]}}], None),
@@ -273,17 +238,6 @@ GOLDEN_V4: dict[str, Rules] = {
                      "right": ["established", "related"]}},
           {"accept": None}], "forward established connections"),
     ],
-    **{f"dispatch-{p}-a-{n}": [shared_chooser("ip", p, n)] for p in PROTOCOLS for n in COUNTS},
-    **{f"dispatch-nodeport-{p}-a-{n}": [nodeport_chooser("ip", p, n)]
-       for p in PROTOCOLS for n in COUNTS},
-    **{f"dispatch-local-{p}-a-{n}": [shared_chooser("ip", p, n, "local-")]
-       for p in PROTOCOLS for n in COUNTS},
-    **{f"dispatch-nodeport-local-{p}-a-{n}": [nodeport_chooser("ip", p, n, "local-")]
-       for p in PROTOCOLS for n in COUNTS},
-    "external-local-a": external_local(addr_proto_port("ip"), "external"),
-    "nodeport-local-a": external_local(PROTO_PORT, "nodeport"),
-    **pick_tree(addr_proto_port("ip"), "vip"),
-    **pick_tree(PROTO_PORT, "nodeport"),
     # the affinity table (nftproxy-affinity): its rules name its own objects
     "affinity:nat-prerouting": [([jump("KUBE-SERVICES")], None)],
     "affinity:nat-output": [([jump("KUBE-SERVICES")], None)],
@@ -319,30 +273,12 @@ GOLDEN_SETS_V4 = [
     _set("set", "firewall-vips", THREE, "LoadBalancer IPs with loadBalancerSourceRanges"),
     _set("set", "firewall-allow", [*THREE, "ipv4_addr"], "LoadBalancer IP . allowed source range",
          flags=["interval"]),
-    *(_set("set", name, ["ipv4_addr", "ipv4_addr"], "endpoint . endpoint: hairpin connections")
-      for name in HAIRPIN_SETS),
+    _set("set", "hairpin-endpoints", ["ipv4_addr", "ipv4_addr"],
+         "endpoint . endpoint: hairpin connections"),
     _set("set", "cluster-ips", "ipv4_addr", "Active ClusterIPs"),
     _set("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic"),
     _set("set", "service-cidrs", "ipv4_addr", "service CIDRs (ServiceCIDR objects)",
          flags=["interval"]),
-    *(
-        _set("map", f"{where}-{which}-choosers-a", key,
-             f"eTP=Local {text}: its chooser of {which} endpoints", map="verdict")
-        for where, key, text in (("external", THREE, "external IP / LB IP"),
-                                 ("nodeport", TWO, "node port"))
-        for which in ("cluster", "local")
-    ),
-    *(
-        entry
-        for where, key, text in (("vips", THREE, "VIP"), ("nodeports", TWO, "node port"))
-        for entry in (
-            _set("set", f"shared-{where}-a", key, f"{text}s of the shared choosers"),
-            *(_set("set", f"shared-{where}-a-bit{b}", key, f"{text}s: endpoints - 1, bit {b}")
-              for b in range(6)),
-            _set("map", f"shared-{where}-root", "inet_proto",
-                 f"{text}s of the shared choosers: the generation's pick tree", map="verdict"),
-        )
-    ),
     _set("map", "service-ips", THREE, "ClusterIP, ExternalIP and LoadBalancer IP traffic",
          "nftproxy-affinity", map="verdict"),
     _set("map", "service-nodeports", TWO, "NodePort traffic", "nftproxy-affinity",
@@ -350,3 +286,41 @@ GOLDEN_SETS_V4 = [
     _set("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic",
          "nftproxy-affinity"),
 ]
+
+SKELETON_CHAINS = [
+    "filter-prerouting-pre-dnat", "filter-output-pre-dnat", "nat-prerouting", "nat-output",
+    "filter-input", "filter-forward", "filter-output", "nat-postrouting",
+    "KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-FIREWALL-CHECK", "KUBE-EXTERNAL-SERVICES",
+    "KUBE-CLUSTER-IPS-CHECK", "KUBE-REJECT", "KUBE-MARK-MASQ", "KUBE-POSTROUTING", "KUBE-FORWARD",
+    "affinity:nat-prerouting", "affinity:nat-output", "affinity:KUBE-SERVICES",
+    "affinity:KUBE-MARK-MASQ",
+]
+"""Every chain of a family's skeleton, in order, whatever the cluster: 21."""
+
+SKELETON_SETS = [
+    "service-ips", "service-nodeports", "no-endpoint-services", "no-endpoint-nodeports",
+    "masquerade-vips", "masquerade-nodeports", "firewall-vips", "firewall-allow",
+    "hairpin-endpoints", "cluster-ips", "nodeport-ips", "service-cidrs",
+    "affinity:service-ips", "affinity:service-nodeports", "affinity:nodeport-ips",
+]
+"""Every set and map of a family's skeleton, in order: 15."""
+
+GOLDEN_CHOOSERS_MAPS_V4 = [
+    _set("map", f"{where}-{which}-choosers", key,
+         f"eTP=Local {text}: its chooser of {which} endpoints", map="verdict")
+    for where, key, text in (("external", THREE, "external IP / LB IP"),
+                             ("nodeport", TWO, "node port"))
+    for which in ("cluster", "local")
+]
+"""The four choosers maps of the eTP=Local chains, as JSON (external-local's
+two, then nodeport-local's)."""
+
+AFFINITY_SET_TEXT_V4 = (
+    "add table ip nftproxy-affinity\n"
+    "add set ip nftproxy-affinity affinity { typeof ip "
+    "saddr . numgen random mod 1 . numgen random mod 1; flags dynamic, timeout; size "
+    '1048576; comment "ClientIP affinity: client . KUBE-SEP key, expiring"; }'
+)
+"""The affinity table's shared affinity set (the ClientIP affinity ports'
+shared object), as libnftables 1.0.6 declares it: in nft text only (its
+integer key parts)."""

@@ -50,7 +50,7 @@ CONFIG = ProxyConfig(
 def _listing(backend: FakeBackend) -> dict[str, Any]:
     return {
         f: kernel.canonical(
-            list_family(backend.list_table, f, CONFIG.table_name), picks_as_gotos=True
+            list_family(backend.list_table, f, CONFIG.table_name)
         )
         for f in ("ip", "ip6")
     }

@@ -6,8 +6,7 @@ port, with its KUBE-FW-<h>) and endpoints with their KUBE-SEP-<h> (from the
 DNAT rule's comment; ruleset v2 has no KUBE-SEP chains) and cascade
 probability (a cluster-IP-only port through its shared chooser, ruleset
 v7, named by its KUBE-SVC-<h>); --service filters; --json is machine-readable; a missing table
-is a clear message; a ruleset v1 table is shown with a notice, not a crash;
-`cleanup` deletes only nftproxy's tables;
+is a clear message; `cleanup` deletes only nftproxy's tables;
 - addresses: the text brackets IPv6 wherever a port follows (VIPs,
   endpoints, no-endpoint entries); the JSON keeps address and port as
   separate fields for all three, in both families.
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import kernel
-import pytest
 from feed import intake
 from k8s import endpoint_slice, service
 
@@ -68,7 +66,7 @@ def test_dump_shows_each_service_port(netns: str) -> None:
     assert [e["probability"] for e in web["endpoints"]] == [0.5, 0.5]
     assert all(e["identity"].startswith("KUBE-SEP-") for e in web["endpoints"])
     # cluster IP only: the shared chooser stands in for its KUBE-SVC (ruleset v7)
-    assert (web["chains"], web["chooser"]) == (["KUBE-SVC-XRY76EGRC3BSCIIJ"], "dispatch-tcp-a-2")
+    assert (web["chains"], web["chooser"]) == (["KUBE-SVC-XRY76EGRC3BSCIIJ"], "dispatch-tcp-2")
 
     sticky = services["demo/sticky:http"]
     assert sticky["affinity_timeout"] == 600
@@ -234,17 +232,14 @@ WEB = ServicePortName("ns", "web", "http", L4Protocol.TCP)
 LB = ServicePortName("ns", "lb", "https", L4Protocol.TCP)
 
 
-def _v2_listing(affinity: str = "v4") -> dict[str, Any]:
+def _v2_listing() -> dict[str, Any]:
     """Two LoadBalancer ports sharing firewall-vips / firewall-allow; web
     has ClientIP affinity (lookup rules, then a cascade with updates): in
-    the shared set, each element with its timeout (ruleset v4), or in a
-    set per endpoint with the set's timeout (v3, `affinity="v3"`)."""
+    the shared set, each element with its timeout."""
     eps = [Endpoint(f"10.1.0.{n}", 8080) for n in (1, 2, 3)]
     seps = [names.endpoint_chain(WEB, ep) for ep in eps]
 
     def update(i: int) -> dict[str, Any]:
-        if affinity == "v3":
-            return {"set": {"op": "update", "elem": SADDR, "set": "@" + seps[i] + "-affinity"}}
         return expr.affinity_update(IPFamily.IPV4, names.affinity_key(WEB, eps[i]),
                                     sk.AFFINITY, 900)
 
@@ -260,8 +255,6 @@ def _v2_listing(affinity: str = "v4") -> dict[str, Any]:
                           "right": 0}}
 
     def lookup(i: int) -> dict[str, Any]:
-        if affinity == "v3":
-            return {"match": {"op": "==", "left": SADDR, "right": "@" + seps[i] + "-affinity"}}
         return expr.affinity_lookup(IPFamily.IPV4, names.affinity_key(WEB, eps[i]), sk.AFFINITY)
 
     rules = [*(dnat(i, lookup(i), what=" affinity") for i in range(3)),
@@ -280,9 +273,6 @@ def _v2_listing(affinity: str = "v4") -> dict[str, Any]:
          {"goto": {"target": names.service_chain(spn)}}]
         for ip, port, spn in (("10.96.0.10", 80, WEB), ("192.168.60.10", 80, WEB),
                               ("192.168.60.11", 443, LB), ("192.168.60.12", 443, LB))]
-    affinity_sets = (
-        [{"name": sep + "-affinity", "flags": ["timeout"], "timeout": 900} for sep in seps]
-        if affinity == "v3" else [{"name": sk.AFFINITY, "flags": ["timeout", "dynamic"]}])
     return {"nftables": [
         {"map": {"name": sk.SERVICE_IPS, "elem": service_ips}},
         {"set": {"name": sk.FIREWALL_VIPS, "elem": [
@@ -292,20 +282,15 @@ def _v2_listing(affinity: str = "v4") -> dict[str, Any]:
             allow("192.168.60.10", 80, prefix), allow("192.168.60.11", 443, "172.16.0.9"),
             allow("192.168.60.12", 443, "172.16.0.9"),
             allow("192.168.60.12", 443, {"range": ["172.17.0.1", "172.17.0.9"]})]}},
-        *({"set": body} for body in affinity_sets),
+        {"set": {"name": sk.AFFINITY, "flags": ["timeout", "dynamic"]}},
         {"chain": {"name": names.service_chain(WEB)}},
         *({"rule": r} for r in rules),
         {"chain": {"name": names.service_chain(LB)}},
     ]}
 
 
-SADDR = {"payload": {"protocol": "ip", "field": "saddr"}}
-
-
-@pytest.mark.parametrize("affinity", ["v4", "v3"])
-def test_v2_cascade_identities_affinity_and_grouped_source_ranges(affinity: str) -> None:
-    view = parse_table(_v2_listing(affinity), family="ip", table="nftproxy")
-    assert view.notice == ""
+def test_v2_cascade_identities_affinity_and_grouped_source_ranges() -> None:
+    view = parse_table(_v2_listing(), family="ip", table="nftproxy")
     data = {s["service"]: s for s in view.to_json()["services"]}
     web, lb = data["ns/web:http"], data["ns/lb:https"]
     eps = [Endpoint(f"10.1.0.{n}", 8080) for n in (1, 2, 3)]
@@ -320,21 +305,3 @@ def test_v2_cascade_identities_affinity_and_grouped_source_ranges(affinity: str)
     assert f"sourceRanges: 192.168.0.0/16  ({names.firewall_chain(WEB)})" in text
     assert f"10.1.0.2:8080                 33.33%  {names.endpoint_chain(WEB, eps[1])}" in text
     assert "sessionAffinity: ClientIP, timeout 900s" in text
-
-
-def test_a_ruleset_v1_table_is_shown_with_a_notice() -> None:
-    spn = WEB
-    sep = names.endpoint_chain(spn, Endpoint("10.1.0.1", 8080))
-    doc = {"nftables": [
-        {"map": {"name": sk.SERVICE_IPS, "elem": [
-            [{"elem": {"val": {"concat": ["10.96.0.10", "tcp", 80]}, "comment": str(spn)}},
-             {"goto": {"target": names.service_chain(spn)}}]]}},
-        {"map": {"name": "firewall-ips", "elem": []}},
-        {"chain": {"name": names.service_chain(spn)}},
-        {"rule": {"chain": names.service_chain(spn), "expr": [{"goto": {"target": sep}}]}},
-        {"chain": {"name": sep}},
-        {"rule": {"chain": sep, "expr": [{"dnat": {"addr": "10.1.0.1", "port": 8080}}]}},
-    ]}
-    view = parse_table(doc, family="ip", table="nftproxy")
-    assert "ruleset v1" in view.notice and view.services[0].endpoints == []
-    assert render_text(view).splitlines()[1].startswith("  note: ruleset v1")

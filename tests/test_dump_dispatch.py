@@ -1,12 +1,12 @@
-"""`nftproxy dump` of ports without a chain of their own (ruleset v7's shared choosers).
+"""`nftproxy dump` of ports without a chain of their own (the shared choosers).
 
 A port's cluster IP `service-ips` element goes to the shared chooser
-`dispatch-<proto>-<g>-<N>` (comment "ns/svc:port KUBE-SVC-<h>"), whose
-endpoints are the N elements of `vip-endpoints-<proto>-<g>` keyed (cluster
+`dispatch-<proto>-<N>` (comment "ns/svc:port KUBE-SVC-<h>"), whose
+endpoints are the N elements of `vip-endpoints-<proto>` keyed (cluster
 IP, port, i); with externalTrafficPolicy Cluster its external IPs and LB
 VIPs go to the same chooser (comment "... KUBE-EXT-<h>", elements keyed by
-the VIP) and its node port to `dispatch-nodeport-<proto>-<g>-<N>`
-(`nodeport-endpoints-<proto>-<g>` keyed (node port, i)). Aspects, on tables
+the VIP) and its node port to `dispatch-nodeport-<proto>-<N>`
+(`nodeport-endpoints-<proto>` keyed (node port, i)). Aspects, on tables
 a full sync renders (FakeBackend, tests/test_trace_dispatch.py's cluster
 and shared_lb):
 - the view shows such a port as before: its VIP, its endpoints with their
@@ -14,9 +14,9 @@ and shared_lb):
   (`chooser`), in text and JSON, in both families; KUBE-SVL-<h> and
   `local endpoints` for internalTrafficPolicy=Local;
 - two ports of the same endpoint count share the chooser but each shows
-  only its own elements (keyed by its cluster IP); a node-port service
-  that keeps its chains (eTP=Local: KUBE-SVC/SVL/EXT, no chooser) shows as
-  before beside them;
+  only its own elements (keyed by its cluster IP); an eTP=Local node-port
+  service (through nodeport-local and its choosers) shows its KUBE-SVC,
+  KUBE-SVL and KUBE-EXT beside them;
 - a port with shared external destinations shows as a port with KUBE-EXT
   does (VIPs, node port, externalTrafficPolicy Cluster, KUBE-SVC-<h> and
   KUBE-EXT-<h>, the endpoints), and per destination (cluster IP, external
@@ -24,7 +24,9 @@ and shared_lb):
   text and JSON, in both families;
 - a name too long for the comment (cut by `names.tagged`) still finds the
   endpoints and the KUBE-SVC-<h>; missing elements show no endpoint, no
-  crash (a node port without its elements: its own "no endpoints" line).
+  crash (a node port without its elements: its own "no endpoints" line);
+- a partial sync writes what a full sync writes: the table a partial sync
+  adds the services in shows the same, line for line.
 """
 
 from __future__ import annotations
@@ -76,10 +78,10 @@ def test_a_dispatched_ports_endpoints_are_shown_in_both_families() -> None:
         web = _services(tables[family], family)["ns/web:http"]
         assert web["vips"] == [{"address": VIPS[family], "port": 80}]
         assert _endpoints(web) == _expected(WEB, EPS[family], 0.3333)
-        assert (web["chains"], web["chooser"]) == ([names.service_chain(WEB)], "dispatch-tcp-a-3")
+        assert (web["chains"], web["chooser"]) == ([names.service_chain(WEB)], "dispatch-tcp-3")
         assert web["local_endpoints"] == [] and "internalTrafficPolicy" not in web["policies"]
         text = render_text(parse_table(tables[family], family=family, table="nftproxy"))
-        assert (f"    chains: {names.service_chain(WEB)} (shared chooser dispatch-tcp-a-3)"
+        assert (f"    chains: {names.service_chain(WEB)} (shared chooser dispatch-tcp-3)"
                 in text.splitlines())
         for ip in EPS[family]:
             sep = names.endpoint_chain(WEB, Endpoint(ip, 80))
@@ -89,7 +91,7 @@ def test_a_dispatched_ports_endpoints_are_shown_in_both_families() -> None:
 def test_internal_traffic_policy_local_shows_kube_svl_and_local_endpoints() -> None:
     web = _services(listings(cluster(itp="Local"))["ip"], "ip")["ns/web:http"]
     assert web["policies"] == {"internalTrafficPolicy": "Local"}
-    assert (web["chains"], web["chooser"]) == ([names.local_chain(WEB)], "dispatch-tcp-a-2")
+    assert (web["chains"], web["chooser"]) == ([names.local_chain(WEB)], "dispatch-tcp-2")
     assert _endpoints(web, "local_endpoints") == _expected(WEB, EPS["ip"][:2], 0.5)
     assert web["endpoints"] == []
 
@@ -101,16 +103,16 @@ def test_ports_sharing_a_chooser_and_a_node_port_service_each_show_their_own() -
             endpoint_slice("other", list(zip(other_ips, NODES, strict=True)))]
     views = _services(listings(objs)["ip"], "ip")
     web, mine = views["ns/web:http"], views["ns/other:http"]
-    assert web["chooser"] == mine["chooser"] == "dispatch-tcp-a-3"
+    assert web["chooser"] == mine["chooser"] == "dispatch-tcp-3"
     assert _endpoints(web) == _expected(WEB, EPS["ip"], 0.3333)
     assert _endpoints(mine) == _expected(other, other_ips, 0.3333)
     np = views["ns/np:http"]  # eTP=Local: the external-local chains and choosers (v8)
-    assert np["chooser"] == "dispatch-tcp-a-3" and np["node_port"] == 30080
+    assert np["chooser"] == "dispatch-tcp-3" and np["node_port"] == 30080
     assert [(d["port"], d["chooser"], d["identity"]) for d in np["dispatched"]] == [
-        (80, "dispatch-tcp-a-3", names.service_chain(NP)),
-        (30080, "dispatch-nodeport-tcp-a-3", names.service_chain(NP)),
-        (30080, "dispatch-nodeport-local-tcp-a-2", names.local_chain(NP)),
-        (30080, "nodeport-local-a", names.external_chain(NP)),
+        (80, "dispatch-tcp-3", names.service_chain(NP)),
+        (30080, "dispatch-nodeport-tcp-3", names.service_chain(NP)),
+        (30080, "dispatch-nodeport-local-tcp-2", names.local_chain(NP)),
+        (30080, "nodeport-local", names.external_chain(NP)),
     ]
     assert np["chains"] == [names.service_chain(NP), names.local_chain(NP),
                             names.external_chain(NP)]
@@ -127,7 +129,7 @@ def test_a_name_cut_in_the_comment_still_finds_endpoints_and_kube_svc() -> None:
     (view,) = _services(listings(objs)["ip"], "ip").values()
     assert len(str(spn)) + len(names.service_chain(spn)) >= names.COMMENT_MAX_BYTES
     assert view["service"].startswith(f"{long_ns}/{long_name[:20]}")
-    assert (view["chains"], view["chooser"]) == ([names.service_chain(spn)], "dispatch-tcp-a-1")
+    assert (view["chains"], view["chooser"]) == ([names.service_chain(spn)], "dispatch-tcp-1")
     assert _endpoints(view) == _expected(spn, ["10.244.0.31"], 1.0)
 
 
@@ -136,7 +138,7 @@ def test_missing_elements_show_no_endpoint() -> None:
     kept = [i for i in doc["nftables"]
             if not ("map" in i and i["map"]["name"].startswith("vip-endpoints-"))]
     web = _services({"nftables": kept}, "ip")["ns/web:http"]
-    assert (web["endpoints"], web["chooser"]) == ([], "dispatch-tcp-a-3")
+    assert (web["endpoints"], web["chooser"]) == ([], "dispatch-tcp-3")
 
 
 def _dispatched(view: dict[str, Any]) -> list[tuple[str, int, str, str, Shown]]:
@@ -154,20 +156,20 @@ def test_shared_external_destinations_are_shown_with_their_endpoints() -> None:
             (LB_VIPS[family], 80), (EXTERNAL_IPS[family], 80), (INGRESS[family], 80)}
         assert lb["node_port"] == 30090
         assert lb["policies"] == {"externalTrafficPolicy": "Cluster"}
-        assert (lb["chains"], lb["chooser"]) == ([svc, ext], "dispatch-tcp-a-3")
+        assert (lb["chains"], lb["chooser"]) == ([svc, ext], "dispatch-tcp-3")
         assert _endpoints(lb) == eps and lb["local_endpoints"] == []
-        assert _dispatched(lb)[0] == (LB_VIPS[family], 80, "dispatch-tcp-a-3", svc, eps)
+        assert _dispatched(lb)[0] == (LB_VIPS[family], 80, "dispatch-tcp-3", svc, eps)
         assert sorted(_dispatched(lb)[1:3]) == sorted([
-            (EXTERNAL_IPS[family], 80, "dispatch-tcp-a-3", ext, eps),
-            (INGRESS[family], 80, "dispatch-tcp-a-3", ext, eps)])
-        assert _dispatched(lb)[3] == ("", 30090, "dispatch-nodeport-tcp-a-3", ext, eps)
+            (EXTERNAL_IPS[family], 80, "dispatch-tcp-3", ext, eps),
+            (INGRESS[family], 80, "dispatch-tcp-3", ext, eps)])
+        assert _dispatched(lb)[3] == ("", 30090, "dispatch-nodeport-tcp-3", ext, eps)
 
         lines = render_text(parse_table(tables[family], family=family, table="nftproxy"))
         text = lines.splitlines()
-        assert (f"    chains: {svc}, {ext} (shared choosers dispatch-tcp-a-3, "
-                "dispatch-nodeport-tcp-a-3)") in text
-        assert f"      {'nodePort 30090':<28} -> dispatch-nodeport-tcp-a-3  {ext}" in text
-        assert (f"      {format_address(INGRESS[family], 80):<28} -> dispatch-tcp-a-3  {ext}"
+        assert (f"    chains: {svc}, {ext} (shared choosers dispatch-tcp-3, "
+                "dispatch-nodeport-tcp-3)") in text
+        assert f"      {'nodePort 30090':<28} -> dispatch-nodeport-tcp-3  {ext}" in text
+        assert (f"      {format_address(INGRESS[family], 80):<28} -> dispatch-tcp-3  {ext}"
                 in text)
         assert sum("KUBE-SEP-" in line for line in text) == 3  # the same endpoints: shown once
 
@@ -179,10 +181,10 @@ def test_a_node_port_without_its_elements_shows_no_endpoints() -> None:
     view = parse_table({"nftables": kept}, family="ip", table="nftproxy")
     lb = {s["service"]: s for s in view.to_json()["services"]}["ns/lb:http"]
     assert _endpoints(lb) == _expected(LB, EPS["ip"], 0.3333)
-    assert _dispatched(lb)[3] == ("", 30090, "dispatch-nodeport-tcp-a-3",
+    assert _dispatched(lb)[3] == ("", 30090, "dispatch-nodeport-tcp-3",
                                   names.external_chain(LB), set())
     text = render_text(view).splitlines()
-    at = text.index(f"      {'nodePort 30090':<28} -> dispatch-nodeport-tcp-a-3  "
+    at = text.index(f"      {'nodePort 30090':<28} -> dispatch-nodeport-tcp-3  "
                     f"{names.external_chain(LB)}")
     assert text[at + 1] == "        no endpoints"
 
@@ -191,28 +193,24 @@ def test_an_etp_local_port_beside_a_shared_etp_cluster_one() -> None:
     views = _services(listings([*shared_lb(), *cluster(node_port=True, etp="Local")])["ip"], "ip")
     np, lb = views["ns/np:http"], views["ns/lb:http"]
     assert (np["chooser"], np["policies"]) == (
-        "dispatch-tcp-a-3", {"externalTrafficPolicy": "Local"})
-    assert "dispatch-nodeport-local-tcp-a-2" in {d["chooser"] for d in np["dispatched"]}
+        "dispatch-tcp-3", {"externalTrafficPolicy": "Local"})
+    assert "dispatch-nodeport-local-tcp-2" in {d["chooser"] for d in np["dispatched"]}
     assert _endpoints(np, "local_endpoints") == _expected(NP, EPS["ip"][:2], 0.5)
     assert (lb["chooser"], lb["policies"]) == (
-        "dispatch-tcp-a-3", {"externalTrafficPolicy": "Cluster"})
+        "dispatch-tcp-3", {"externalTrafficPolicy": "Cluster"})
     assert [d["port"] for d in lb["dispatched"]] == [80, 80, 80, 30090]
 
 
-def test_a_partial_syncs_pick_trees_show_as_a_full_syncs_gotos() -> None:
-    """A partial sync sends each shared destination through the pick tree
-    (`continue` and the bits of its count), a full sync by a goto: dump
-    reads the tree and shows every port the same (VIPs, choosers, KUBE-*
-    identities, endpoints and their chances), in both families; only the
-    table's count of elements differs (the tree's sets)."""
+def test_a_partial_syncs_table_shows_as_a_full_syncs() -> None:
+    """A partial sync writes each shared destination as a full sync does (a
+    goto to its chooser, added with its first user): dump shows every port
+    the same (VIPs, choosers, KUBE-* identities, endpoints and their
+    chances), and the same table summary, in both families."""
     objects = [*cluster(node_port=True, etp="Cluster"), *shared_lb()]
     full, partial = listings(objects), listings(objects, partial=True)
     for family in ("ip", "ip6"):
-        assert "continue" in str(partial[family]) and "continue" not in str(full[family])
-        by_goto = parse_table(full[family], family=family, table="nftproxy")
-        by_tree = parse_table(partial[family], family=family, table="nftproxy")
-        assert len(by_goto.to_json()["services"]) == 3
-        assert by_tree.to_json()["services"] == by_goto.to_json()["services"]
-        head_tree, *rest_tree = render_text(by_tree).splitlines()
-        head_goto, *rest_goto = render_text(by_goto).splitlines()
-        assert rest_tree == rest_goto and head_tree != head_goto
+        by_full = parse_table(full[family], family=family, table="nftproxy")
+        by_partial = parse_table(partial[family], family=family, table="nftproxy")
+        assert len(by_full.to_json()["services"]) == 3
+        assert by_partial.to_json() == by_full.to_json()
+        assert render_text(by_partial) == render_text(by_full)

@@ -46,7 +46,7 @@ _VALUES = st.one_of(
 )
 _ELEMENTS = st.builds(
     Element,
-    st.sampled_from(["service-ips", "vip-endpoints-tcp-a-00"]),
+    st.sampled_from(["service-ips", "vip-endpoints-tcp"]),
     st.lists(_PARTS, min_size=1, max_size=4).map(tuple),
     _VALUES,
     st.one_of(st.none(), _TEXT),
@@ -79,8 +79,9 @@ def test_an_add_elements_command_is_sent_as_the_dump_of_its_objects(
 
 
 def test_an_element_list_reads_as_the_list_of_its_objects() -> None:
-    a = Element("vip-endpoints", ("10.96.0.1", 80, 0), Target("10.128.0.5", 8080), "ns/web:http")
-    b = Element("service-ips", ("10.96.0.1", "tcp", 80), Verdict("goto", "dispatch-tcp-a-1"))
+    a = Element("vip-endpoints-tcp", ("10.96.0.1", 80, 0), Target("10.128.0.5", 8080),
+                "ns/web:http")
+    b = Element("service-ips", ("10.96.0.1", "tcp", 80), Verdict("goto", "dispatch-tcp-1"))
     elems = ElementList((a, b), with_comment=True)
     objects = [element_json(a, with_comment=True), element_json(b, with_comment=True)]
     assert objects[0] == [

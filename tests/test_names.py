@@ -111,8 +111,6 @@ def test_protocol_is_part_of_the_hash_in_lower_case() -> None:
 def test_affinity_keys_come_from_kube_proxys_endpoint_chain() -> None:
     ep = Endpoint("10.180.0.1", 80)
     assert names.affinity_key(SVC1, ep) == names.endpoints_key("KUBE-SEP-SXIVWICOYRO3J4NJ")
-    assert names.is_affinity_set("KUBE-SEP-SXIVWICOYRO3J4NJ-affinity")
-    assert not names.is_affinity_set("KUBE-SEP-SXIVWICOYRO3J4NJ")
 
 
 _ADDRESSES = st.one_of(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import SVC1, endpoint, render
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, NodeInfo
@@ -69,15 +70,18 @@ def test_every_table_nftproxy_adds_carries_the_mark() -> None:
 
 
 def test_a_batch_of_declarations_creates_its_tables_with_the_mark() -> None:
-    """1.0.6 declares some sets in nft text before the JSON: the batch opens
-    with both tables marked (once, not per declaration)."""
+    """1.0.6 declares some sets in nft text before the JSON (a chooser's
+    map): the batch opens with both tables marked (once, not per declaration)."""
     assert Table("ip", "t").marked_tables_text().splitlines() == [
         f'add table ip t {{ comment "{TABLE_MARK}"; }}',
         f'add table ip t-affinity {{ comment "{TABLE_MARK}"; }}',
     ]
     config = ProxyConfig(node_name="n", node_ips=("192.168.50.1",))
     skeleton = render_skeleton(IPFamily.IPV4, config, NodeInfo(name="n", ipv4=("192.168.50.1",)))
-    staged = stage_full(TableState(IPFamily.IPV4, Table("ip", "t")), None, {SKELETON: skeleton})
+    port = render(SVC1, [endpoint("10.180.0.1"), endpoint("10.180.0.2")]).fragment
+    desired = {SKELETON: skeleton, SVC1.name: port}
+    staged = stage_full(TableState(IPFamily.IPV4, Table("ip", "t")), None, desired)
+    assert len(staged.declarations) > 1
     assert staged.declarations[0] == Table("ip", "t").marked_tables_text()
     assert all("comment \"" + TABLE_MARK not in d for d in staged.declarations[1:])
 

@@ -4,14 +4,22 @@ Aspects:
 - order inside one transaction: a chain exists before anything targets it,
   flushes come before deletes, a verdict change is delete + add;
 - removed chains are flushed and deleted, or left flushed for stage_gc;
-- affinity sets keep their clients across full syncs and are re-created
-  (after their users are flushed) when their timeout changes;
+- the affinity set keeps its clients across full syncs, timeout changes
+  and ports with affinity coming and going; it comes with the first such
+  port and goes with the last;
 - an unchanged service costs nothing, a failed commit records nothing;
 - transaction sizes of partial syncs are pinned and do not grow with the
   number of other services (upstream's TestSyncProxyRulesRepeated, §2);
 - two service ports claiming one element resolve to one deterministic winner;
+- shared choosers on demand: a chooser (dispatch-tcp-3) and the map it picks
+  from come with their first user, in its transaction, and go with their
+  last; a port whose endpoint count changes moves to the chooser of its new
+  count; an empty table holds none;
 - property: successive partial syncs end where one full sync of the final
-  state ends, in the planner's state and in what the kernel lists.
+  state ends, in the planner's state and in what the kernel lists (seeded
+  sequences check it after every sync), deferred deletes included: a shared
+  set left for gc is reused by a user that comes first, and one that loses
+  its last user is left to gc unflushed (its elements go with their owners).
 
 The kernel is FakeBackend (kernel/fake.py): it refuses what the kernel
 refuses (a missing object, a goto to a missing chain, deleting a chain or set
@@ -27,6 +35,8 @@ from __future__ import annotations
 
 import copy
 import json
+import random
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,7 +46,6 @@ import pytest
 from builders import CONFIG, NODE, endpoint, render, service_port
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel import picked_chooser
 
 from nftproxy.core.model import (
     Endpoint,
@@ -61,6 +70,7 @@ from nftproxy.core.nft.plan import (
     stage_partial,
 )
 from nftproxy.core.rules import names
+from nftproxy.core.rules.dispatch import is_choosers_map, is_indexed_map, is_shared_chain
 from nftproxy.core.rules.fragment import (
     AFFINITY_TABLE,
     BaseHook,
@@ -80,8 +90,9 @@ TABLE = Table("ip", "nftproxy")
 # --- the kernel, and what it lists ---------------------------------------------------
 
 
-def new_kernel() -> FakeBackend:
-    kernel = FakeBackend()
+def new_kernel(*, typeof: bool = False) -> FakeBackend:
+    """libnftables 1.0.6's kernel, or (`typeof`) 1.1.x's, which takes declarations by typeof."""
+    kernel = FakeBackend(version="1.1" if typeof else "1.0.6")
     kernel.start()
     return kernel
 
@@ -231,8 +242,9 @@ def effective(state: TableState) -> dict[Any, Any]:
     return {eid: state.effective(eid) for eid in state.index.ids()}
 
 
-def fresh(desired: Mapping[Owner, Fragment]) -> tuple[Synced, FakeBackend]:
-    state, kernel = Synced(V4, TABLE), new_kernel()
+def fresh(desired: Mapping[Owner, Fragment], *, typeof: bool = False) -> tuple[Synced, FakeBackend]:
+    """A full sync of `desired` into a fresh table (`typeof`: as libnftables 1.1.x)."""
+    state, kernel = Synced(V4, replace(TABLE, typeof=typeof)), new_kernel(typeof=typeof)
     apply(state, kernel, stage_full(state, None, desired), desired, full=True)
     return state, kernel
 
@@ -247,11 +259,14 @@ def full_sync(state: Synced, kernel: FakeBackend, desired: Mapping[Owner, Fragme
 def assert_same_as_full(state: Synced, kernel: FakeBackend) -> None:
     """The state and the kernel equal a full sync of state's fragments into a fresh table."""
     assert set(state.rendered) == set(state.fragments)
-    ref_state, ref_kernel = fresh(dict(state.rendered))
+    ref_state, ref_kernel = fresh(dict(state.rendered), typeof=state.table.typeof)
     assert state.chains == ref_state.chains
     assert state.sets == ref_state.sets
+    assert state.users == ref_state.users
     assert effective(state) == effective(ref_state)
-    assert content(kernel) == content(ref_kernel)
+    got, want = content(kernel), content(ref_kernel)
+    differing = {n for n in {*got.sets, *want.sets} if got.sets.get(n) != want.sets.get(n)}
+    assert got == want, sorted(differing)
 
 
 # --- the kernel refuses, and keeps nothing of a refused transaction ------------------
@@ -337,8 +352,8 @@ EP1, EP2, EP3 = (endpoint(f"10.180.0.{i}", nodeless=True) for i in (1, 2, 3))
 
 
 NODEPORT = replace(SVC1, node_port=30001, external_traffic_policy=TrafficPolicy.LOCAL)
-"""SVC1 with an eTP=Local node port: since ruleset v8 it goes through the
-shared nodeport-local chain and choosers, as SVC1 (cluster IP only) and a
+"""SVC1 with an eTP=Local node port: it goes through the shared
+nodeport-local chain and its choosers maps, as SVC1 (cluster IP only) and a
 node port of eTP=Cluster go through shared choosers (rules/dispatch.py)."""
 CHAINED = replace(NODEPORT, session_affinity=SessionAffinity.CLIENT_IP)
 """NODEPORT with ClientIP affinity: it keeps its KUBE-SVC and KUBE-EXT chains."""
@@ -348,15 +363,9 @@ SHARED_NODEPORT = replace(SVC1, node_port=30001)
 
 
 def frag(port: ServicePort, endpoints: Iterable[Endpoint] = ()) -> Fragment:
-    """The port's fragment as a full sync renders it (a shared destination's
-    service-ips element a goto to its chooser)."""
+    """The port's fragment, as a full or a partial sync renders it (the
+    same: a shared destination's service-ips element a goto to its chooser)."""
     return render(port, tuple(endpoints)).fragment
-
-
-def pfrag(port: ServicePort, endpoints: Iterable[Endpoint] = ()) -> Fragment:
-    """The port's fragment as a partial sync renders it (a shared
-    destination's service-ips element `continue`, and its pick tree's)."""
-    return render(port, tuple(endpoints), pick_trees=True).fragment
 
 
 def other(i: int) -> ServicePort:
@@ -399,14 +408,11 @@ def test_a_new_chain_is_added_before_the_element_that_targets_it() -> None:
 
 
 def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
-    """A 65th endpoint moves a cluster-IP-only port from the shared
-    choosers (its service-ips element `continue`, rules/dispatch.py) to a
-    KUBE-SVC of its own: its service-ips element is deleted and added again
-    as a goto to the new chain, in one transaction that adds the chain
-    first and leaves the pick tree's elements."""
-    eps64 = [endpoint(f"10.180.1.{i}") for i in range(1, 65)]
-    state, kernel = table(0, svc1=pfrag(SVC1, eps64))
-    commands = partial(state, kernel, {SVC1.name: pfrag(SVC1, [*eps64, EP1])})
+    """A third endpoint moves a port from the chooser of 2 to the chooser of
+    3: its service-ips element is deleted and added again as a goto to
+    dispatch-tcp-3, in one transaction that adds that chain first."""
+    state, kernel = table(0, svc1=frag(SVC1, [EP1, EP2]))
+    commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1, EP2, EP3])})
     ops = _ops(commands)
     elems = [(v, name, spec["elem"]) for v, k, name, spec in ops if k == "element"]
     key = {"concat": ["172.30.0.41", "tcp", 80]}
@@ -414,11 +420,8 @@ def test_a_verdict_change_is_delete_then_add_in_one_transaction() -> None:
     assert [(v, n) for v, n, _ in mine] == [("delete", "service-ips"), ("add", "service-ips")]
     assert mine[0][2] == [key]
     assert mine[1][2][0][0]["elem"]["val"] == key
-    svc = names.service_chain(SVC1.name)
-    assert mine[1][2][0][1] == {"goto": {"target": svc}}
-    left = {n for v, n, _ in elems if v == "delete"} - {"service-ips"}
-    assert {"shared-vips-a", "shared-vips-a-bit0", "shared-vips-a-bit5"} <= left
-    add_chain = ops.index(next(o for o in ops if o[:3] == ("add", "chain", svc)))
+    assert mine[1][2][0][1] == {"goto": {"target": "dispatch-tcp-3"}}
+    add_chain = ops.index(next(o for o in ops if o[:3] == ("add", "chain", "dispatch-tcp-3")))
     assert add_chain < ops.index(next(o for o in ops if o[:3] == ("add", "element", "service-ips")))
     assert_same_as_full(state, kernel)
 
@@ -439,23 +442,32 @@ def test_deferred_deletes_leave_the_chain_flushed_until_gc() -> None:
     commands = partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
     assert gone <= set(commands_of(commands, "flush", "chain"))
     assert commands_of(commands, "delete", "chain") == []
-    # a port with ClientIP affinity: its chains are the affinity table's
+    # a port with ClientIP affinity: its chains are the affinity table's; it
+    # was the affinity set's last user: the set is left for gc too
     assert state.stale_chains == {affinity_table_name(c) for c in gone}
+    assert state.stale_sets == {AFFINITY_SET: False}
     assert all(content(kernel).chains[affinity_table_name(c)] == [] for c in gone)
     gc = apply(state, kernel, stage_gc(state))
     assert set(commands_of(gc, "delete", "chain")) == gone
-    assert state.stale_chains == set()
+    assert commands_of(gc, "delete", "set") == ["affinity"]
+    assert state.stale_chains == set() and state.stale_sets == {}
     assert_same_as_full(state, kernel)
 
 
 def test_a_stale_chain_that_comes_back_before_gc_is_rewritten_and_kept() -> None:
-    state, kernel = table(0, svc1=frag(CHAINED, [EP1, EP2]))
+    # another port with affinity keeps the affinity set (a shared set that
+    # comes back before gc: test_a_shared_set_left_for_gc_is_used_again_by_a_new_user)
+    sticky = replace(other(0), session_affinity=SessionAffinity.CLIENT_IP)
+    state, kernel = fresh({SKELETON: SKEL, SVC1.name: frag(CHAINED, [EP1, EP2]),
+                           sticky.name: frag(sticky, [EP3])})
     back = names.external_chain(SVC1.name)
     partial(state, kernel, {SVC1.name: frag(SVC1, [EP1])}, defer=True)
     commands = partial(state, kernel, {SVC1.name: frag(CHAINED, [EP1, EP2])}, defer=True)
     assert back in commands_of(commands, "add", "chain")
-    assert state.stale_chains == set()
-    assert stage_gc(state).commands == []
+    # left for gc: only the chooser the port used without affinity, and its map
+    assert state.stale_chains == {"dispatch-tcp-1"}
+    assert state.stale_sets == {"vip-endpoints-tcp": True}
+    apply(state, kernel, stage_gc(state))
     assert_same_as_full(state, kernel)
 
 
@@ -465,7 +477,11 @@ def test_a_deleted_service_with_deferred_deletes_is_gone_after_gc() -> None:
                    load_balancer_source_ranges=("203.0.113.0/25",))
     state, kernel = table(0, svc1=frag(port, [EP1]))
     partial(state, kernel, {SVC1.name: None}, defer=True)
-    assert state.stale_chains and not state.stale_sets, "a port declares no set"
+    # its chains, and the affinity set it was the last user of (a port
+    # declares no set of its own)
+    assert state.stale_chains == {affinity_table_name(names.service_chain(SVC1.name)),
+                                  affinity_table_name(names.external_chain(SVC1.name))}
+    assert state.stale_sets == {AFFINITY_SET: False}
     apply(state, kernel, stage_gc(state))
     assert set(content(kernel).chains) == SKEL.chain_names()
     assert set(content(kernel).sets) == {s.name for s in SKEL.sets}
@@ -474,7 +490,9 @@ def test_a_deleted_service_with_deferred_deletes_is_gone_after_gc() -> None:
 def test_a_service_that_comes_back_with_other_source_ranges_keeps_no_old_range() -> None:
     lb = replace(SVC1, load_balancer_ingress=(LoadBalancerIngress("1.2.3.4"),),
                  load_balancer_source_ranges=("203.0.113.0/25",))
-    state, kernel = table(0, svc1=frag(lb, [EP1]))
+    # another port keeps the chooser of 1 and its map (a shared map that
+    # comes back before gc: test_a_shared_set_left_for_gc_is_used_again_by_a_new_user)
+    state, kernel = table(1, svc1=frag(lb, [EP1]))
     partial(state, kernel, {SVC1.name: None}, defer=True)
     narrowed = replace(lb, load_balancer_source_ranges=("198.51.100.0/24",))
     partial(state, kernel, {SVC1.name: frag(narrowed, [EP1])}, defer=True)
@@ -519,25 +537,44 @@ def test_full_resync_never_flushes_or_redeclares_the_affinity_set() -> None:
     # every other set that exists is flushed and refilled
     assert set(commands_of(commands, "flush", "set")) == {
         "cluster-ips", "nodeport-ips", "service-cidrs", "hairpin-endpoints",
-        "hairpin-endpoints-b", "hairpin-endpoints-c",
         "firewall-vips", "firewall-allow", "masquerade-vips", "masquerade-nodeports",
-        *(f"shared-{kind}-a{bit}" for kind in ("vips", "nodeports")
-          for bit in ("", *(f"-bit{b}" for b in range(6)))),
     }
 
 
-def test_adding_or_deleting_a_port_with_affinity_touches_no_set() -> None:
-    """Its clients' entries are in the shared set; a deleted port's expire
-    by their timeout (listing the set to find them would cost what a
-    partial sync must not: docs/architecture.md)."""
+def _set_ops(staged: Staged) -> list[tuple[str, str, str]]:
+    """The set commands of a planned transaction, and its declarations (nft
+    text: libnftables 1.0.6 declares the affinity set so) as ("declare", ...)."""
+    ops = [o[:3] for o in _ops(staged.commands) if o[1] in ("set", "map")]
+    declared = [m for t in staged.declarations
+                for m in re.findall(r"^add (set|map) \S+ \S+ (\S+) \{", t, re.M)]
+    return ops + [("declare", kind, name) for kind, name in declared]
+
+
+def test_the_affinity_set_comes_with_the_first_port_with_affinity_and_goes_with_the_last() -> None:
+    """Adding or deleting a port with ClientIP affinity touches no set while
+    another one remains: its clients' entries are in the shared set, and a
+    deleted port's expire by their timeout (listing the set to find them
+    would cost what a partial sync must not: docs/architecture.md). The set
+    itself is added with the first such port and deleted with the last."""
+    sticky = replace(other(0), session_affinity=SessionAffinity.CLIENT_IP, affinity_timeout=600)
     state, kernel = table(0)
-    commands = partial(state, kernel, {SVC1.name: frag(AFFINITY, [EP1, EP2])})
-    assert not [o for o in _ops(commands) if o[1] == "set"]
+    assert AFFINITY_SET not in content(kernel).sets
+    staged = stage_partial(state, {SVC1.name: frag(AFFINITY, [EP1, EP2])})
+    assert _set_ops(staged) == [("declare", "set", "affinity")]
+    apply(state, kernel, staged, {SVC1.name: frag(AFFINITY, [EP1, EP2])})
+    assert AFFINITY_SET in content(kernel).sets
+    staged = stage_partial(state, {sticky.name: frag(sticky, [EP3])})
+    assert _set_ops(staged) == []
+    apply(state, kernel, staged, {sticky.name: frag(sticky, [EP3])})
     _record_client(kernel)
-    commands = partial(state, kernel, {SVC1.name: None})
-    assert not [o for o in _ops(commands) if o[1] == "set"]
+    staged = stage_partial(state, {SVC1.name: None})
+    assert _set_ops(staged) == []
+    apply(state, kernel, staged, {SVC1.name: None})
     assert len(_clients(kernel)) == 1
-    _forget_client(kernel)
+    staged = stage_partial(state, {sticky.name: None})
+    assert _set_ops(staged) == [("delete", "set", "affinity")]
+    apply(state, kernel, staged, {sticky.name: None})
+    assert AFFINITY_SET not in content(kernel).sets
     assert_same_as_full(state, kernel)
 
 
@@ -612,78 +649,73 @@ def test_a_failed_commit_leaves_the_state_as_it_was() -> None:
 
 
 def _one_endpoint() -> Fragment:
-    return pfrag(SVC1, [EP1])
+    return frag(SVC1, [EP1])
 
 
 AC, AR, FC, DC = "add chain", "add rule", "flush chain", "delete chain"
-AE, DE = "add element", "delete element"
+AE, DE, AM = "add element", "delete element", "add map"
 
 SIZES = [
     # (starting fragment of ns1/svc1 or None, its new fragment or None, commands by kind)
+    # The other services (one endpoint each) already use dispatch-tcp-1 and
+    # vip-endpoints-tcp; a chooser another count needs comes with its first user.
     # A ClusterIP service goes through the shared choosers (rules/dispatch.py):
     # elements only, one command per set
-    pytest.param(None, _one_endpoint(), {AE: 5},
+    pytest.param(None, _one_endpoint(), {AE: 4},
                  id="add a ClusterIP service with one endpoint"),
-    # cluster-ips, service-ips (continue), shared-vips (the pick tree: one
-    # endpoint sets no count bit), hairpin-endpoints, vip-endpoints-tcp-a
-    pytest.param(_one_endpoint(), pfrag(SVC1, [EP2]), {DE: 2, AE: 2},
+    # cluster-ips, service-ips (goto dispatch-tcp-1), hairpin-endpoints, vip-endpoints-tcp
+    pytest.param(_one_endpoint(), frag(SVC1, [EP2]), {DE: 2, AE: 2},
                  id="change one endpoint's IP"),
     # hairpin EP1 . EP1 -> EP2 . EP2, vip-endpoints (VIP, 80, 0) -> EP2
-    pytest.param(_one_endpoint(), pfrag(SVC1, [EP1, EP2]), {AE: 3},
+    pytest.param(_one_endpoint(), frag(SVC1, [EP1, EP2]), {DE: 1, AC: 1, AR: 2, AE: 3},
                  id="add a second endpoint"),
-    # shared-vips-a-bit0 (count 2); hairpin EP2 . EP2, vip-endpoints (VIP, 80, 1)
-    pytest.param(_one_endpoint(), None, {DE: 5}, id="delete the service"),
-    # cluster-ips, service-ips, shared-vips, hairpin, vip-endpoints elements deleted
+    # service-ips goto dispatch-tcp-1 -> goto dispatch-tcp-2 (delete + add), and
+    # dispatch-tcp-2 with its masquerade and DNAT rules (its first user);
+    # hairpin EP2 . EP2, vip-endpoints (VIP, 80, 1)
+    pytest.param(frag(SVC1, [EP1, EP2]), frag(SVC1, [EP1, EP2, EP3]),
+                 {FC: 1, DE: 1, AC: 1, AR: 2, AE: 3, DC: 1},
+                 id="add a third endpoint"),
+    # as above, to dispatch-tcp-3; dispatch-tcp-2 lost its last user: flushed, deleted
+    pytest.param(_one_endpoint(), None, {DE: 4}, id="delete the service"),
+    # cluster-ips, service-ips, hairpin, vip-endpoints elements deleted
     pytest.param(_one_endpoint(), _one_endpoint(), {}, id="no change"),
-    pytest.param(_one_endpoint(), pfrag(SVC1), {DE: 4, AE: 1},
+    pytest.param(_one_endpoint(), frag(SVC1), {DE: 3, AE: 1},
                  id="endpoints become none"),
-    # service-ips and shared-vips -> no-endpoint-services (reject), hairpin and
-    # endpoints elements gone
-    pytest.param(None, pfrag(SVC1), {AE: 2}, id="add a service without endpoints"),
+    # service-ips -> no-endpoint-services (reject), hairpin and endpoints elements gone
+    pytest.param(None, frag(SVC1), {AE: 2}, id="add a service without endpoints"),
     # cluster-ips and no-endpoint-services elements
-    pytest.param(pfrag(SVC1), _one_endpoint(), {DE: 1, AE: 4},
+    pytest.param(frag(SVC1), _one_endpoint(), {DE: 1, AE: 3},
                  id="its first endpoint"),
-    # no-endpoint-services -> service-ips + shared-vips + hairpin + endpoints
+    # no-endpoint-services -> service-ips + hairpin + endpoints
     # A NodePort service with eTP=Cluster goes through shared choosers too
-    pytest.param(None, pfrag(SHARED_NODEPORT, [EP1]), {AE: 9},
+    pytest.param(None, frag(SHARED_NODEPORT, [EP1]), {AC: 1, AR: 1, AE: 7},
                  id="add a NodePort service with one endpoint"),
-    # cluster-ips, service-ips, shared-vips, service-nodeports (continue),
-    # shared-nodeports, masquerade-nodeports, vip-endpoints, nodeport-endpoints, hairpin
-    pytest.param(pfrag(SHARED_NODEPORT, [EP1]), pfrag(SHARED_NODEPORT, [EP2]), {DE: 3, AE: 3},
+    # dispatch-nodeport-tcp-1 (its first user); cluster-ips, service-ips,
+    # service-nodeports (goto dispatch-nodeport-tcp-1), masquerade-nodeports,
+    # vip-endpoints, nodeport-endpoints, hairpin
+    pytest.param(frag(SHARED_NODEPORT, [EP1]), frag(SHARED_NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change a NodePort service's endpoint"),
     # vip-endpoints, nodeport-endpoints, hairpin
-    # An eTP=Local NodePort service goes through the shared nodeport-local
-    # chain (ruleset v8): elements only too
-    pytest.param(None, pfrag(NODEPORT, [EP1]), {AE: 9},
+    # An eTP=Local NodePort service goes through the shared nodeport-local chain
+    pytest.param(None, frag(NODEPORT, [EP1]), {AM: 2, AC: 2, AR: 5, AE: 8},
                  id="add an eTP=Local NodePort service with one endpoint"),
-    # cluster-ips, service-ips, shared-vips, vip-endpoints, service-nodeports (goto
-    # nodeport-local-a), nodeport-cluster-choosers, nodeport-endpoints,
-    # no-endpoint-nodeports (no local endpoint: drop), hairpin
-    pytest.param(pfrag(NODEPORT, [EP1]), pfrag(NODEPORT, [EP2]), {DE: 3, AE: 3},
+    # nodeport-local (4 rules) and its two choosers maps, dispatch-nodeport-tcp-1
+    # (their first user); cluster-ips, service-ips, vip-endpoints,
+    # service-nodeports (goto nodeport-local), nodeport-cluster-choosers,
+    # nodeport-endpoints, no-endpoint-nodeports (no local endpoint: drop), hairpin
+    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change an eTP=Local NodePort service's endpoint"),
     # vip-endpoints, nodeport-endpoints, hairpin
-    pytest.param(pfrag(NODEPORT, [EP1]), pfrag(NODEPORT, [EP1, EP2]), {DE: 1, AE: 5},
+    pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP1, EP2]),
+                 {FC: 1, DE: 2, AC: 2, AR: 3, AE: 5, DC: 1},
                  id="add a second endpoint to an eTP=Local NodePort service"),
-    # the cluster IP's shared-vips-a-bit0 and nodeport-cluster-choosers' goto to the
-    # chooser of 2; vip-endpoints, nodeport-endpoints, hairpin
+    # service-ips and nodeport-cluster-choosers: goto the choosers of 2, which
+    # come with their first user; dispatch-nodeport-tcp-1 goes with its last;
+    # vip-endpoints, nodeport-endpoints, hairpin
     # A ClientIP affinity NodePort service keeps chains of its own
-    pytest.param(pfrag(CHAINED, [EP1]), pfrag(CHAINED, [EP2]), {FC: 1, AC: 1, AR: 3, DE: 1, AE: 1},
+    pytest.param(frag(CHAINED, [EP1]), frag(CHAINED, [EP2]), {FC: 1, AC: 1, AR: 3, DE: 1, AE: 1},
                  id="change a ClientIP affinity service's endpoint"),
     # KUBE-SVC rewritten (its affinity lookups and cascade DNAT inline); hairpin
-    # The first change of a port a full sync wrote (its goto to the chooser)
-    pytest.param(frag(SVC1, [EP1]), pfrag(SVC1, [EP2]), {DE: 3, AE: 4},
-                 id="change one endpoint's IP, the first change since the full sync"),
-    # service-ips goto -> continue, shared-vips; hairpin, vip-endpoints
-    pytest.param(frag(SVC1, [EP1]), pfrag(SVC1, [EP1, EP2]), {DE: 1, AE: 5},
-                 id="add a second endpoint, the first change since the full sync"),
-    # service-ips goto -> continue, shared-vips and its bit0; hairpin, vip-endpoints
-    pytest.param(frag(SVC1, [EP1]), None, {DE: 4},
-                 id="delete a service the full sync wrote"),
-    # cluster-ips, service-ips (goto), hairpin, vip-endpoints
-    pytest.param(frag(SHARED_NODEPORT, [EP1]), pfrag(SHARED_NODEPORT, [EP2]), {DE: 5, AE: 7},
-                 id="change a NodePort service's endpoint, the first change since the full sync"),
-    # service-ips and service-nodeports goto -> continue, shared-vips,
-    # shared-nodeports; vip-endpoints, nodeport-endpoints, hairpin
 ]
 
 
@@ -701,6 +733,205 @@ def test_partial_sync_size_is_pinned_and_independent_of_other_services(
         assert_same_as_full(state, kernel)
 
 
+# --- shared choosers on demand --------------------------------------------------------
+
+EPS3 = (EP1, EP2, EP3)
+TWIN = other(1)
+"""Another ClusterIP port: it shares SVC1's chooser when it has as many endpoints."""
+
+
+def _at(ops: Sequence[tuple[str, str, str, Any]], verb: str, kind: str, name: str) -> int:
+    """The index of the first command `verb kind name`."""
+    return next(i for i, o in enumerate(ops) if o[:3] == (verb, kind, name))
+
+
+def _has(ops: Sequence[tuple[str, str, str, Any]], verb: str, kind: str, name: str) -> bool:
+    return any(o[:3] == (verb, kind, name) for o in ops)
+
+
+def _shared_objects(kernel: FakeBackend) -> tuple[set[str], set[str]]:
+    """The shared chains and maps the kernel holds (choosers, eTP=Local
+    chains; the maps they pick from, the choosers maps, the affinity set)."""
+    listed = content(kernel)
+    chains = {c for c in listed.chains if is_shared_chain(c)}
+    sets = {n for n in listed.sets
+            if is_indexed_map(n) or is_choosers_map(n) or n == AFFINITY_SET}
+    return chains, sets
+
+
+def test_an_empty_table_holds_no_shared_chooser_or_map() -> None:
+    _, kernel = fresh({SKELETON: SKEL})
+    assert _shared_objects(kernel) == (set(), set())
+    _, kernel = table(0, svc1=frag(SVC1))  # a port without endpoints uses no chooser
+    assert _shared_objects(kernel) == (set(), set())
+
+
+@pytest.mark.parametrize("typeof", [False, True], ids=["libnftables 1.0.6", "1.1.x"])
+def test_a_chooser_and_its_map_come_with_their_first_user_and_go_with_their_last(
+    typeof: bool,
+) -> None:
+    """The partial sync that gives dispatch-tcp-3 its first user adds it and
+    the map it picks from in its own transaction, before the port's elements
+    (the map: declared in nft text just before the commands by libnftables
+    1.0.6, whose JSON cannot say its integer key; an `add map` before its
+    elements and the chooser's rule by 1.1.x); a second port of the same
+    count adds neither; deleting the first leaves both; deleting the last
+    deletes both, after the elements that referenced them are gone."""
+    state, kernel = fresh({SKELETON: SKEL}, typeof=typeof)
+    first = frag(SVC1, EPS3)
+    staged = stage_partial(state, {SVC1.name: first})
+    ops = _ops(staged.commands)
+    assert _at(ops, "add", "chain", "dispatch-tcp-3") < _at(ops, "add", "element", "service-ips")
+    if typeof:
+        assert _at(ops, "add", "map", "vip-endpoints-tcp") < min(
+            _at(ops, "add", "rule", "dispatch-tcp-3"),
+            _at(ops, "add", "element", "vip-endpoints-tcp"))
+        assert not staged.declarations
+    else:
+        assert not _has(ops, "add", "map", "vip-endpoints-tcp")
+        assert ("declare", "map", "vip-endpoints-tcp") in _set_ops(staged)
+    apply(state, kernel, staged, {SVC1.name: first})
+    assert _shared_objects(kernel) == ({"dispatch-tcp-3"}, {"vip-endpoints-tcp"})
+    assert _chooser(state, ("service-ips", ("172.30.0.41", "tcp", 80))) == "dispatch-tcp-3"
+    assert_same_as_full(state, kernel)
+
+    twin = frag(TWIN, [endpoint(f"10.180.2.{i}") for i in (1, 2, 3)])
+    staged = stage_partial(state, {TWIN.name: twin})
+    assert {o[1] for o in _ops(staged.commands)} == {"element"}
+    assert not staged.declarations
+    apply(state, kernel, staged, {TWIN.name: twin})
+    assert_same_as_full(state, kernel)
+
+    commands = partial(state, kernel, {SVC1.name: None})
+    assert {o[1] for o in _ops(commands)} == {"element"}
+    assert _shared_objects(kernel) == ({"dispatch-tcp-3"}, {"vip-endpoints-tcp"})
+    assert _chooser(state, ("service-ips", (TWIN.cluster_ip, "tcp", 80))) == "dispatch-tcp-3"
+    assert_same_as_full(state, kernel)
+
+    commands = partial(state, kernel, {TWIN.name: None})
+    ops = _ops(commands)
+    assert {o[:3] for o in ops if o[1] != "element"} == {
+        ("flush", "chain", "dispatch-tcp-3"), ("delete", "chain", "dispatch-tcp-3"),
+        ("delete", "map", "vip-endpoints-tcp")}
+    assert _at(ops, "delete", "element", "service-ips") < _at(ops, "delete", "chain",
+                                                               "dispatch-tcp-3")
+    assert _at(ops, "flush", "chain", "dispatch-tcp-3") < _at(ops, "delete", "map",
+                                                              "vip-endpoints-tcp")
+    assert _at(ops, "delete", "element", "vip-endpoints-tcp") < _at(ops, "delete", "map",
+                                                                    "vip-endpoints-tcp")
+    assert _shared_objects(kernel) == (set(), set())
+    assert_same_as_full(state, kernel)
+
+
+def test_a_map_stays_while_another_chooser_picks_from_it() -> None:
+    state, kernel = fresh({SKELETON: SKEL, SVC1.name: frag(SVC1, EPS3),
+                           TWIN.name: frag(TWIN, [EP1, EP2])})
+    assert _shared_objects(kernel) == ({"dispatch-tcp-2", "dispatch-tcp-3"},
+                                       {"vip-endpoints-tcp"})
+    commands = partial(state, kernel, {SVC1.name: None})
+    assert {o[:3] for o in _ops(commands) if o[1] != "element"} == {
+        ("flush", "chain", "dispatch-tcp-3"), ("delete", "chain", "dispatch-tcp-3")}
+    assert _shared_objects(kernel) == ({"dispatch-tcp-2"}, {"vip-endpoints-tcp"})
+    assert_same_as_full(state, kernel)
+    commands = partial(state, kernel, {TWIN.name: None})
+    assert {o[:3] for o in _ops(commands) if o[1] != "element"} == {
+        ("flush", "chain", "dispatch-tcp-2"), ("delete", "chain", "dispatch-tcp-2"),
+        ("delete", "map", "vip-endpoints-tcp")}
+    assert _shared_objects(kernel) == (set(), set())
+    assert_same_as_full(state, kernel)
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["its last user", "another user stays"])
+def test_a_port_whose_endpoint_count_goes_from_two_to_three_moves_to_dispatch_tcp_3(
+    twin: bool,
+) -> None:
+    """Its service-ips element goes from dispatch-tcp-2 to dispatch-tcp-3,
+    which is added before it; dispatch-tcp-2 is flushed and deleted after
+    the element that went to it is gone when the port was its last user,
+    kept when another port still uses it; the map both pick from stays."""
+    desired: dict[Owner, Fragment] = {SKELETON: SKEL, SVC1.name: frag(SVC1, [EP1, EP2])}
+    if twin:
+        desired[TWIN.name] = frag(TWIN, [EP1, EP2])
+    state, kernel = fresh(desired)
+    staged = stage_partial(state, {SVC1.name: frag(SVC1, EPS3)})
+    assert not staged.declarations
+    ops = _ops(staged.commands)
+    assert _at(ops, "add", "chain", "dispatch-tcp-3") < _at(ops, "add", "element", "service-ips")
+    assert not [o for o in ops if o[1] in ("set", "map")]
+    if twin:
+        assert not _has(ops, "flush", "chain", "dispatch-tcp-2")
+        assert not _has(ops, "delete", "chain", "dispatch-tcp-2")
+    else:
+        assert _at(ops, "delete", "element", "service-ips") < _at(ops, "delete", "chain",
+                                                                   "dispatch-tcp-2")
+    apply(state, kernel, staged, {SVC1.name: frag(SVC1, EPS3)})
+    assert _chooser(state, ("service-ips", ("172.30.0.41", "tcp", 80))) == "dispatch-tcp-3"
+    chains, sets = _shared_objects(kernel)
+    assert chains == ({"dispatch-tcp-2", "dispatch-tcp-3"} if twin else {"dispatch-tcp-3"})
+    assert sets == {"vip-endpoints-tcp"}
+    assert_same_as_full(state, kernel)
+
+
+def test_the_etp_local_chains_and_their_choosers_maps_come_and_go_with_their_users() -> None:
+    """nodeport-local and its two choosers maps (and the choosers of the
+    port's counts) come with the first eTP=Local node port and go with the last."""
+    state, kernel = fresh({SKELETON: SKEL})
+    local = (endpoint("10.180.0.1", local=True), EP2)
+    commands = partial(state, kernel, {SVC1.name: frag(NODEPORT, local)})
+    ops = _ops(commands)
+    for name in ("nodeport-cluster-choosers", "nodeport-local-choosers"):
+        assert _at(ops, "add", "map", name) < _at(ops, "add", "rule", "nodeport-local")
+    assert _at(ops, "add", "chain", "nodeport-local") < _at(ops, "add", "element",
+                                                            "service-nodeports")
+    assert _shared_objects(kernel) == (
+        {"nodeport-local", "dispatch-tcp-2", "dispatch-nodeport-tcp-2",
+         "dispatch-nodeport-local-tcp-1"},
+        {"nodeport-cluster-choosers", "nodeport-local-choosers", "vip-endpoints-tcp",
+         "nodeport-endpoints-tcp", "nodeport-local-endpoints-tcp"})
+    assert_same_as_full(state, kernel)
+    commands = partial(state, kernel, {SVC1.name: None})
+    assert _at(_ops(commands), "delete", "element", "service-nodeports") < _at(
+        _ops(commands), "delete", "chain", "nodeport-local")
+    assert _shared_objects(kernel) == (set(), set())
+    assert_same_as_full(state, kernel)
+
+
+@pytest.mark.parametrize("typeof", [
+    pytest.param(False, id="libnftables 1.0.6"),
+    pytest.param(True, id="1.1.x"),
+])
+@pytest.mark.parametrize(("port", "stale"), [
+    pytest.param(SVC1, {"vip-endpoints-tcp": True}, id="a chooser's map"),
+    pytest.param(AFFINITY, {AFFINITY_SET: False}, id="the affinity set"),
+])
+def test_a_shared_set_left_for_gc_is_used_again_by_a_new_user(
+    typeof: bool, port: ServicePort, stale: dict[str, bool]
+) -> None:
+    """With deferred deletes, a shared set whose last user left is flushed
+    or left for gc; a user that comes before gc gets it back, as it is."""
+    state, kernel = fresh({SKELETON: SKEL, SVC1.name: frag(port, [EP1])}, typeof=typeof)
+    partial(state, kernel, {SVC1.name: None}, defer=True)
+    assert state.stale_sets == stale
+    partial(state, kernel, {SVC1.name: frag(port, [EP1, EP2])}, defer=True)
+    assert state.stale_sets == {}
+    apply(state, kernel, stage_gc(state))
+    assert_same_as_full(state, kernel)
+
+
+def test_the_last_etp_local_port_leaves_its_choosers_maps_for_gc() -> None:
+    """With deferred deletes, the last eTP=Local port's elements go and the
+    shared chains and maps it was the last user of are left for gc."""
+    lb = replace(SVC1, load_balancer_ingress=(LoadBalancerIngress("1.2.3.4"),),
+                 external_traffic_policy=TrafficPolicy.LOCAL)
+    state, kernel = table(0, svc1=frag(lb, [EP1]))
+    partial(state, kernel, {SVC1.name: None}, defer=True)
+    assert {"external-cluster-choosers", "external-local-choosers"} <= set(state.stale_sets)
+    assert "external-local" in state.stale_chains
+    apply(state, kernel, stage_gc(state))
+    assert _shared_objects(kernel) == (set(), set())
+    assert_same_as_full(state, kernel)
+
+
 # --- element claims -------------------------------------------------------------------
 
 SAME_IP = "172.30.0.41"
@@ -710,13 +941,13 @@ B = service_port("b", ns="ns2", cluster_ip=SAME_IP)
 
 def test_deleting_one_claimant_and_adding_another_hands_the_element_over_once() -> None:
     state, kernel = fresh({SKELETON: SKEL, A.name: frag(A, [EP1])})
-    commands = partial(state, kernel, {A.name: None, B.name: pfrag(B, [EP2])})
+    commands = partial(state, kernel, {A.name: None, B.name: frag(B, [EP2])})
     ops = _ops(commands)
     adds = [o[3]["elem"] for o in ops if o[:3] == ("add", "element", "service-ips")]
     dels = [o[3]["elem"] for o in ops if o[:3] == ("delete", "element", "service-ips")]
     assert len(adds) == 1 and len(adds[0]) == 1
-    # B's element: on to the shared choosers' pick tree, B's KUBE-SVC-<h> in its comment
-    assert adds[0][0][1] == {"continue": None}
+    # B's element: to the shared chooser of its one endpoint, B's KUBE-SVC-<h> in its comment
+    assert adds[0][0][1] == {"goto": {"target": "dispatch-tcp-1"}}
     assert adds[0][0][0]["elem"]["comment"].endswith(names.service_chain(B.name))
     assert dels == [[{"concat": [SAME_IP, "tcp", 80]}]]
     # cluster-ips keeps its element: same key, same (no) verdict
@@ -727,8 +958,8 @@ def test_deleting_one_claimant_and_adding_another_hands_the_element_over_once() 
 @pytest.mark.parametrize("order", ["a then b", "b then a", "together"])
 def test_two_claimants_resolve_to_the_same_winner_whatever_the_order(order: str) -> None:
     state, kernel = fresh({SKELETON: SKEL})
-    fa: dict[Owner, Fragment | None] = {A.name: pfrag(A, [EP1])}
-    fb: dict[Owner, Fragment | None] = {B.name: pfrag(B, [EP2])}
+    fa: dict[Owner, Fragment | None] = {A.name: frag(A, [EP1])}
+    fb: dict[Owner, Fragment | None] = {B.name: frag(B, [EP2])}
     steps = {"a then b": [fa, fb], "b then a": [fb, fa], "together": [{**fa, **fb}]}[order]
     for step in steps:
         commands = partial(state, kernel, step)
@@ -750,43 +981,38 @@ def test_two_claimants_resolve_to_the_same_winner_whatever_the_order(order: str)
     assert_same_as_full(state, kernel)
 
 
-def _tree_count(kernel: FakeBackend, key: tuple[str, str, int]) -> int:
-    """The endpoint count the kernel's pick tree spells for the
-    destination `key` (its membership and bit sets)."""
-    doc = kernel.list_table(TABLE.family, TABLE.name)
-    assert doc is not None
-    sets = {o["name"]: o.get("elem", []) for item in doc["nftables"]
-            for o in [item.get("set") or item.get("map")] if o}
-    return int(picked_chooser(sets, list(key)).rsplit("-", 1)[1])
-
-
 @pytest.mark.parametrize("order", ["a then b", "b then a", "together"])
 @pytest.mark.parametrize(("a_endpoints", "b_endpoints"), [
     pytest.param([EP1], [EP2, EP3], id="the winner with fewer"),
     pytest.param([EP1, EP2], [EP3], id="the winner with more"),
 ])
-def test_two_claimants_through_the_pick_tree_spell_the_winners_count(
+def test_two_claimants_with_different_counts_send_the_destination_to_the_winners_chooser(
     order: str, a_endpoints: list[Endpoint], b_endpoints: list[Endpoint]
 ) -> None:
-    """Two ports claim one destination, both through partial syncs (a
-    `continue` element and the pick tree's), with different endpoint
-    counts: the tree spells the winner's count, no bit of the loser's mixed
-    in (each bit element is claimed on its own); when the winner leaves,
-    the loser's. A winner by goto (a full sync's) keeps the tree empty."""
+    """Two ports claim one destination with different endpoint counts: its
+    service-ips element goes to the chooser of the winner's count, which
+    picks the winner's endpoints; when the winner leaves, to the loser's.
+    Both choosers exist while both ports do (each has a user), as a full
+    sync writes them."""
     state, kernel = fresh({SKELETON: SKEL})
-    fa: dict[Owner, Fragment | None] = {A.name: pfrag(A, a_endpoints)}
-    fb: dict[Owner, Fragment | None] = {B.name: pfrag(B, b_endpoints)}
+    fa: dict[Owner, Fragment | None] = {A.name: frag(A, a_endpoints)}
+    fb: dict[Owner, Fragment | None] = {B.name: frag(B, b_endpoints)}
     for step in {"a then b": [fa, fb], "b then a": [fb, fa], "together": [{**fa, **fb}]}[order]:
         partial(state, kernel, step)
-    key = (SAME_IP, "tcp", 80)
-    assert _tree_count(kernel, key) == len(a_endpoints)  # ns1/a sorts before ns2/b
-    assert_same_as_full(state, kernel)
-    partial(state, kernel, {A.name: frag(A, a_endpoints)})  # a full sync's goto
-    assert not [e for e in effective(state).values()
-                if e is not None and e.set_name.startswith("shared-vips-")]
+    key = ("service-ips", (SAME_IP, "tcp", 80))
+    assert _claimant(state, key) == names.service_chain(A.name)  # ns1/a sorts before ns2/b
+    assert _chooser(state, key) == f"dispatch-tcp-{len(a_endpoints)}"
+    assert [_target(state, (SAME_IP, 80, i)) for i in range(len(a_endpoints))] == [
+        e.ip for e in a_endpoints]
+    assert {f"dispatch-tcp-{len(a_endpoints)}", f"dispatch-tcp-{len(b_endpoints)}"} <= set(
+        content(kernel).chains)
     assert_same_as_full(state, kernel)
     partial(state, kernel, {A.name: None})
-    assert _tree_count(kernel, key) == len(b_endpoints)
+    assert _claimant(state, key) == names.service_chain(B.name)
+    assert _chooser(state, key) == f"dispatch-tcp-{len(b_endpoints)}"
+    assert [_target(state, (SAME_IP, 80, i)) for i in range(len(b_endpoints))] == [
+        e.ip for e in b_endpoints]
+    assert f"dispatch-tcp-{len(a_endpoints)}" not in content(kernel).chains
     assert_same_as_full(state, kernel)
 
 
@@ -794,13 +1020,20 @@ def _claimant(state: Synced, key: tuple[str, Any]) -> str:
     """The KUBE-SVC-<h> of the service-ips element the kernel holds for `key`."""
     winner = state.effective(key)
     assert winner is not None and winner.comment is not None
-    assert winner.value == Verdict("continue")
     return winner.comment.rsplit(" ", 1)[-1]
+
+
+def _chooser(state: Synced, key: tuple[str, Any]) -> str:
+    """The shared chooser the service-ips element for `key` goes to."""
+    winner = state.effective(key)
+    assert winner is not None and isinstance(winner.value, Verdict)
+    assert winner.value.kind == "goto"
+    return winner.value.target
 
 
 def _target(state: Synced, key: tuple[str, int, int]) -> str:
     """The endpoint address of the vip-endpoints element for `key`."""
-    winner = state.effective(("vip-endpoints-tcp-a", key))
+    winner = state.effective(("vip-endpoints-tcp", key))
     assert winner is not None and isinstance(winner.value, Target)
     return winner.value.ip
 
@@ -910,14 +1143,27 @@ def _tweaked_spec(draw: st.DrawFn, spec: Spec) -> Spec:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), defer=st.booleans(), gc_every=st.integers(1, 3))
+@given(data=st.data(), gc_every=st.integers(1, 3))
 def test_successive_partial_syncs_equal_one_full_sync(
-    data: st.DataObject, defer: bool, gc_every: int
+    data: st.DataObject, gc_every: int
 ) -> None:
     """Random syncs (each adds, tweaks or deletes a few service ports; mostly
-    partial, some full against the kernel's listing), with or without deferred
-    deletes, then one last gc: the planner's state and the kernel equal a full
-    sync of the final fragments into a fresh table."""
+    partial, some full against the kernel's listing), then one last gc: the
+    planner's state and the kernel equal a full sync of the final fragments
+    into a fresh table."""
+    _successive_syncs(data, gc_every, defer=False)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), gc_every=st.integers(1, 3))
+def test_successive_syncs_with_deferred_deletes_equal_one_full_sync(
+    data: st.DataObject, gc_every: int
+) -> None:
+    """As above, with the deletes deferred to gc (kernels < 6.2)."""
+    _successive_syncs(data, gc_every, defer=True)
+
+
+def _successive_syncs(data: st.DataObject, gc_every: int, *, defer: bool) -> None:
     state, kernel = fresh({SKELETON: SKEL})
     specs: dict[ServicePortName, Spec] = {}
     gone: dict[ServicePortName, Spec] = {}
@@ -950,3 +1196,53 @@ def test_successive_partial_syncs_equal_one_full_sync(
     apply(state, kernel, stage_gc(state))
     assert set(state.fragments) == {SKELETON, *specs}
     assert_same_as_full(state, kernel)
+
+
+# --- property, seeded: the shared objects after partial syncs --------------------------
+
+_POOL = [service_port(name, ns=ns, protocol=protocol)
+         for ns, name in [("ns1", "a"), ("ns1", "b"), ("ns2", "a")]
+         for protocol in (L4Protocol.TCP, L4Protocol.UDP)]
+
+
+def _random_port(rng: random.Random, port: ServicePort) -> tuple[ServicePort, list[Endpoint]]:
+    """`port` with random destinations and policies, and 0..5 endpoints:
+    every count of the choosers, eTP=Local ones, some ClientIP affinity."""
+    changed = replace(
+        port,
+        cluster_ip=rng.choice(["172.30.0.1", "172.30.0.2", "172.30.0.3"]),
+        node_port=rng.choice([0, 30001, 30002]),
+        load_balancer_ingress=rng.choice([(), (LoadBalancerIngress("1.2.3.4"),)]),
+        external_traffic_policy=rng.choice(list(TrafficPolicy)),
+        internal_traffic_policy=rng.choice(list(TrafficPolicy)),
+        session_affinity=rng.choice([SessionAffinity.NONE] * 3 + [SessionAffinity.CLIENT_IP]),
+    )
+    ips = rng.sample([f"10.180.0.{i}" for i in range(1, 7)], rng.randint(0, 5))
+    return changed, [endpoint(ip, local=rng.random() < 0.5) for ip in ips]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_after_any_partial_syncs_the_chains_and_sets_are_a_full_syncs(seed: int) -> None:
+    """A few random sequences of partial syncs (deterministic seeds), each
+    adding, changing or deleting up to three ports, so that choosers, the
+    maps they pick from, the eTP=Local chains and the affinity set gain
+    and lose users: after every sync the state's chains, sets and users,
+    and what the kernel holds, are those of a full sync of the same ports."""
+    rng = random.Random(seed)
+    state, kernel = fresh({SKELETON: SKEL})
+    live: set[Owner] = set()
+    seen: set[str] = set()
+    for _ in range(15):
+        step: dict[Owner, Fragment | None] = {}
+        for port in rng.sample(_POOL, rng.randint(1, 3)):
+            if port.name in live and rng.random() < 0.3:
+                step[port.name] = None
+                live.discard(port.name)
+            else:
+                step[port.name] = frag(*_random_port(rng, port))
+                live.add(port.name)
+        partial(state, kernel, step)
+        assert set(state.fragments) == {SKELETON, *live}
+        assert_same_as_full(state, kernel)
+        seen |= {c for c in state.chains if is_shared_chain(c)}
+    assert len(seen) > 5, "the sequence used few shared chains"

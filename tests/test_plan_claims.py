@@ -39,9 +39,8 @@ from test_plan import (
 from nftproxy.core.nft.claims import ElementIndex
 from nftproxy.core.nft.plan import SKELETON, Owner, stage_full
 from nftproxy.core.rules import names
+from nftproxy.core.rules.dispatch import is_indexed_map
 from nftproxy.core.rules.fragment import Element, Fragment, Json
-from nftproxy.core.rules.generations import is_indexed_map
-from nftproxy.core.rules.skeleton import is_endpoints_map
 
 SAME_IP = "172.30.0.42"
 EP = endpoint("10.180.0.9", local=True)  # a hairpin pair
@@ -52,12 +51,8 @@ HAIRPIN_KEY = ("hairpin-endpoints", (EP.ip, EP.ip))
 
 
 def _element_ops(commands: Sequence[Json]) -> list[tuple[str, str]]:
-    """Element commands but the endpoints maps' (each chooser has keys of its own)."""
-    return [
-        (verb, name)
-        for verb, kind, name, _ in _ops(commands)
-        if kind == "element" and not is_endpoints_map(name)
-    ]
+    """The element commands: (verb, set name)."""
+    return [(verb, name) for verb, kind, name, _ in _ops(commands) if kind == "element"]
 
 
 def test_a_shared_key_passes_to_the_next_claimant_and_goes_with_the_last() -> None:
@@ -71,9 +66,9 @@ def test_a_shared_key_passes_to_the_next_claimant_and_goes_with_the_last() -> No
     # its service-ips element and its endpoint's (same key, another comment)
     taken = [
         ("delete", "service-ips"),
-        ("delete", "vip-endpoints-tcp-a"),
+        ("delete", "vip-endpoints-tcp"),
         ("add", "service-ips"),
-        ("add", "vip-endpoints-tcp-a"),
+        ("add", "vip-endpoints-tcp"),
     ]
     assert _element_ops(commands) == taken
     assert_same_as_full(state, kernel)
@@ -159,7 +154,7 @@ def _retained_per_claim(index: ElementIndex, name: str) -> float:
 
 
 def test_an_endpoint_index_claim_costs_a_list_slot_and_keeps_no_key() -> None:
-    name = "vip-endpoints-tcp-a"
+    name = "vip-endpoints-tcp"
     assert is_indexed_map(name) and not is_indexed_map("service-ips")
     grouped = _retained_per_claim(ElementIndex(), name)
     keyed = _retained_per_claim(ElementIndex(indexed=lambda _: False), name)

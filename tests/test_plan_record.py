@@ -97,9 +97,9 @@ def test_records_of_two_renders_of_one_port_are_the_same() -> None:
 
 def test_packing_keeps_every_field_and_type() -> None:
     elements = (
-        Element("service-ips", ("10.96.0.10", "tcp", 80), Verdict("goto", "dispatch-2"), "a"),
+        Element("service-ips", ("10.96.0.10", "tcp", 80), Verdict("goto", "dispatch-tcp-2"), "a"),
         Element("no-endpoint-services", ("fd00::1", "udp", 53), Verdict("drop")),
-        Element("endpoints-tcp-g0-3", (2**40 + 7, 2**31 + 1, 0), Target("fd00::5", 8443)),
+        Element("vip-endpoints-tcp", (2**40 + 7, 2**31 + 1, 0), Target("fd00::5", 8443)),
         Element("hairpin-endpoints", ("10.1.0.1", "10.1.0.1")),
         Element("firewall-allow", ("192.0.2.0/24",), None, "x" * 128),
     )
@@ -111,7 +111,7 @@ def test_packing_keeps_every_field_and_type() -> None:
 
 def test_a_large_record_is_compressed_and_reads_back_the_same() -> None:
     elements = tuple(
-        Element("endpoints-tcp-a-3", ("10.96.0.10", 80, i), Target(f"10.244.0.{i}", 8080),
+        Element("vip-endpoints-tcp", ("10.96.0.10", 80, i), Target(f"10.244.0.{i}", 8080),
                 f"ns/web:http -> 10.244.0.{i}:8080 KUBE-SEP-{i:016d}")
         for i in range(40)
     )

@@ -40,7 +40,7 @@ CONFIG = ProxyConfig(
 def listing(backend: NftBackend) -> dict[str, Any]:
     return {
         f: kernel.canonical(
-            list_family(backend.list_table, f, CONFIG.table_name), picks_as_gotos=True
+            list_family(backend.list_table, f, CONFIG.table_name)
         )
         for f in ("ip", "ip6")
     }

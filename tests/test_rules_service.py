@@ -7,19 +7,19 @@ kube-proxy's words (docs/kube-proxy-semantics.md, upstream-nftables-notes.md
   (service-ips and friends, hairpin-endpoints, firewall-vips/-allow), and
   which chains exist (one table of sentence-named cases), including external
   and internal traffic policy Local and terminating endpoints;
-- every private renderer has a test in one of the four modules (meta-test
-  at the end).
-Since ruleset v8 a port without affinity and with 1..64 endpoints at each
-destination has no chain: its destinations go to the skeleton's shared
-choosers (rules/dispatch.py), so the chooser tests render an eTP=Local node
-port (ETP_LOCAL_NODEPORT) keeping its chains (`render_own`) or use ClientIP
-affinity to keep their own KUBE-SVC/SVL/EXT, and check the shared
-choosers' rules beside.
+- every private renderer has a test in one of the service test modules
+  (meta-test at the end).
+A port without ClientIP affinity has no chain, whatever its endpoint
+count: its destinations go to the shared choosers (rules/dispatch.py),
+which its fragment lists in `shared`; only a port with ClientIP affinity
+keeps KUBE-SVC/SVL/EXT chains (in the affinity table), so the tests of
+kube-proxy's chains render such ports, and check the shared choosers'
+rules beside.
 test_rules_masquerade.py: masquerade decisions per local-traffic detector
 and per protocol.
-test_rules_dispatch.py: which ports are dispatched, their elements, the
-shared choosers and maps of the skeleton.
-test_rules_service_endpoints.py: the chooser's map pick and its endpoints-map
+test_rules_dispatch*.py: which ports are dispatched, their elements, the
+shared choosers and their maps.
+test_rules_service_endpoints.py: the shared chooser's endpoints-map
 elements, endpoint comments, hairpin, IPv6, session affinity's cascade.
 test_rules_service_external.py: KUBE-EXT, source ranges, whole-fragment
 properties, the printer.
@@ -72,6 +72,7 @@ from nftproxy.core.model import (
 )
 from nftproxy.core.rules import names
 from nftproxy.core.rules import service as service_mod
+from nftproxy.core.rules.dispatch import is_shared_chain
 from nftproxy.core.rules.fragment import Element, Verdict
 
 # --- dispatch: one table of cases ---------------------------------------------
@@ -99,9 +100,9 @@ SVC_CIP: Elements = {**CLUSTER_IPS, "service-ips": {(CIP, "tcp", 80): "goto SVC"
 
 
 def shared(*ips: str, vips: tuple[str, ...] = (), node_port: int = 0) -> Elements:
-    """A shared port's elements (v7, rules/dispatch.py): the service-ips
+    """A shared port's elements (rules/dispatch.py): the service-ips
     element of its cluster IP and of each external VIP `vips` goes to the
-    skeleton's shared chooser of its count, which picks from the VIP's
+    shared chooser of its count, which picks from the VIP's
     vip-endpoints elements, one per endpoint `ips` in order; the VIPs are
     marked for masquerade (masquerade-vips); it is an active cluster IP.
     With a `node_port`: its service-nodeports element goes to the node port
@@ -110,8 +111,8 @@ def shared(*ips: str, vips: tuple[str, ...] = (), node_port: int = 0) -> Element
     dests = (CIP, *vips)
     out: Elements = {
         **CLUSTER_IPS,
-        "service-ips": {(d, "tcp", 80): f"goto dispatch-tcp-a-{len(ips)}" for d in dests},
-        "vip-endpoints-tcp-a": {
+        "service-ips": {(d, "tcp", 80): f"goto dispatch-tcp-{len(ips)}" for d in dests},
+        "vip-endpoints-tcp": {
             (d, 80, i): f"{ip}:80" for d in dests for i, ip in enumerate(ips)},
     }
     if vips:
@@ -122,7 +123,7 @@ def shared(*ips: str, vips: tuple[str, ...] = (), node_port: int = 0) -> Element
 def local_shared(
     cluster: tuple[str, ...], local: tuple[str, ...], vips: tuple[str, ...], node_port: int = 0
 ) -> Elements:
-    """An eTP=Local port's elements (v8, rules/dispatch.py): its cluster IP
+    """An eTP=Local port's elements (rules/dispatch.py): its cluster IP
     as a shared port's; each external VIP's service-ips element (its node
     port's service-nodeports element) goes to the shared external-local
     (nodeport-local) chain; the destination's cluster chooser picks from the
@@ -132,29 +133,29 @@ def local_shared(
     out: Elements = {
         **CLUSTER_IPS,
         "service-ips": {
-            (CIP, "tcp", 80): f"goto dispatch-tcp-a-{nc}",
-            **{(v, "tcp", 80): "goto external-local-a" for v in vips},
+            (CIP, "tcp", 80): f"goto dispatch-tcp-{nc}",
+            **{(v, "tcp", 80): "goto external-local" for v in vips},
         },
-        "vip-endpoints-tcp-a": {
+        "vip-endpoints-tcp": {
             (d, 80, i): f"{ip}:80" for d in (CIP, *vips) for i, ip in enumerate(cluster)},
     }
     if vips:
-        out["external-cluster-choosers-a"] = {
-            (v, "tcp", 80): f"goto dispatch-tcp-a-{nc}" for v in vips}
+        out["external-cluster-choosers"] = {
+            (v, "tcp", 80): f"goto dispatch-tcp-{nc}" for v in vips}
     if vips and local:
-        out["external-local-choosers-a"] = {
-            (v, "tcp", 80): f"goto dispatch-local-tcp-a-{nl}" for v in vips}
-        out["vip-local-endpoints-tcp-a"] = {
+        out["external-local-choosers"] = {
+            (v, "tcp", 80): f"goto dispatch-local-tcp-{nl}" for v in vips}
+        out["vip-local-endpoints-tcp"] = {
             (v, 80, i): f"{ip}:80" for v in vips for i, ip in enumerate(local)}
     if node_port:
         key = ("tcp", node_port)
-        out["service-nodeports"] = {key: "goto nodeport-local-a"}
-        out["nodeport-cluster-choosers-a"] = {key: f"goto dispatch-nodeport-tcp-a-{nc}"}
-        out["nodeport-endpoints-tcp-a"] = {
+        out["service-nodeports"] = {key: "goto nodeport-local"}
+        out["nodeport-cluster-choosers"] = {key: f"goto dispatch-nodeport-tcp-{nc}"}
+        out["nodeport-endpoints-tcp"] = {
             (node_port, i): f"{ip}:80" for i, ip in enumerate(cluster)}
         if local:
-            out["nodeport-local-choosers-a"] = {key: f"goto dispatch-nodeport-local-tcp-a-{nl}"}
-            out["nodeport-local-endpoints-tcp-a"] = {
+            out["nodeport-local-choosers"] = {key: f"goto dispatch-nodeport-local-tcp-{nl}"}
+            out["nodeport-local-endpoints-tcp"] = {
                 (node_port, i): f"{ip}:80" for i, ip in enumerate(local)}
     return out
 
@@ -162,8 +163,8 @@ def local_shared(
 def shared_nodeport(node_port: int, *ips: str) -> Elements:
     """A shared port's node port elements (see `shared`)."""
     return {
-        "service-nodeports": {("tcp", node_port): f"goto dispatch-nodeport-tcp-a-{len(ips)}"},
-        "nodeport-endpoints-tcp-a": {(node_port, i): f"{ip}:80" for i, ip in enumerate(ips)},
+        "service-nodeports": {("tcp", node_port): f"goto dispatch-nodeport-tcp-{len(ips)}"},
+        "nodeport-endpoints-tcp": {(node_port, i): f"{ip}:80" for i, ip in enumerate(ips)},
         "masquerade-nodeports": {("tcp", node_port): None},
     }
 
@@ -419,6 +420,11 @@ def test_dispatch(case: Case) -> None:
     assert {lab[c.name] for c in rendered.fragment.chains} == case.chains
     assert (rendered.internal_dropped, rendered.external_dropped) == (
         case.internal_dropped, case.external_dropped)
+    # the shared chains it lists are exactly those its elements go to
+    fragment = rendered.fragment
+    gotos = {e.value.target for e in fragment.elements
+             if isinstance(e.value, Verdict) and is_shared_chain(e.value.target)}
+    assert {c.name for b in fragment.shared for c in b.chains} == gotos
 
 
 def test_no_port_declares_a_set_of_its_own() -> None:
@@ -436,7 +442,7 @@ def test_a_port_with_affinity_keeps_its_chains_and_their_gotos_in_the_affinity_t
     without these cascades), their rules name that table's own objects, each
     destination is an `accept` in the main table's map and a goto in the
     affinity table's, both with the port's comment; everything else stays in
-    the main table. A port past 64 endpoints keeps its chain in the main table."""
+    the main table. A port of as many endpoints without affinity has no chain."""
     port = replace(AFFINITY, node_port=3001, external_ips=(EIP,),
                    load_balancer_ingress=(LoadBalancerIngress(LB),),
                    load_balancer_source_ranges=("203.0.113.0/25",))
@@ -458,8 +464,12 @@ def test_a_port_with_affinity_keeps_its_chains_and_their_gotos_in_the_affinity_t
         "affinity:service-ips", "affinity:service-nodeports"}
     assert {"cluster-ips", "firewall-vips", "firewall-allow"} <= by_set.keys()
     many_eps = render(service_port(), many(65)).fragment
-    assert {c.name for c in many_eps.chains} == {svc}
-    assert elements_of(many_eps, "service-ips") == {(CIP, "tcp", 80): Verdict("goto", svc)}
+    assert many_eps.chains == ()
+    assert elements_of(many_eps, "service-ips") == {
+        (CIP, "tcp", 80): Verdict("goto", "dispatch-tcp-65")}
+    sticky = render(replace(port, node_port=0, external_ips=(), load_balancer_ingress=()),
+                    many(65)).fragment
+    assert {c.name for c in sticky.chains} == {f"affinity:{svc}"}
 
 
 # --- meta-test: every renderer has a test ------------------------------------
@@ -470,9 +480,6 @@ RENDERER_TESTS = {
     "_shared_nodeport": "test_the_node_port_goes_to_the_shared_node_port_chooser",
     "_local_vip": "test_an_etp_local_vip_goes_to_external_local_and_its_two_choosers",
     "_local_nodeport": "test_an_etp_local_node_port_goes_to_nodeport_local_and_its_two_choosers",
-    "_to_chooser": (
-        "test_a_chooser_is_reached_by_continue_in_dispatch_maps_and_by_goto_in_choosers_maps"
-    ),
     "_picked": "test_shared_elements_are_the_endpoints_in_order_keyed_by_cluster_ip",
     "_external_elements": "test_dispatch",
     "_nodeport_elements": "test_dispatch",
@@ -480,7 +487,6 @@ RENDERER_TESTS = {
     "_endpoint_tail": "test_endpoint_rule_dnats_with_the_service_protocol",
     "_endpoint_comment": "test_endpoint_comments_name_the_endpoint_by_its_kube_sep_identity",
     "_affinity_rules": "test_affinity_lookups_come_after_masquerade_and_before_the_cascade",
-    "_map_pick": "test_map_pick_picks_each_endpoint_with_probability_one_over_n",
     "_policy_chains": "test_etp_local_local_chain_contains_only_local_endpoints",
     "_external_chain": "test_etp_local_external_chain_short_circuits_pods_and_host",
     "_firewall_elements": "test_source_ranges_are_firewall_vips_and_firewall_allow_elements",
@@ -490,7 +496,7 @@ RENDERER_TESTS = {
         "test_a_port_with_affinity_keeps_its_chains_and_their_gotos_in_the_affinity_table"
     ),
 }
-HELPERS = {"_key", "_contains_any", "_merge", "_net", "_internal_endpoints", "_shares",
+HELPERS = {"_key", "_contains_any", "_merge", "_net", "_internal_endpoints",
            "_local_policy_choosers"}
 RENDERED = ("Chain", "Element", "Rule", "SetDecl", "Json")
 """What a renderer returns (in its annotation); a helper returns none of these."""

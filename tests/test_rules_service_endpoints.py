@@ -1,26 +1,27 @@
 """One service port -> its fragment (nftproxy.core.rules.service): the endpoints.
 
 Aspects, each in kube-proxy's words (docs/kube-proxy-semantics.md,
-upstream-nftables-notes.md §1.5-§1.15), in ruleset v2's shapes:
-- the chooser's one map pick: uniform over the endpoints-map elements the
-  port owns, one index per endpoint in endpoint order, each naming its
+upstream-nftables-notes.md §1.5-§1.15):
+- the endpoints a shared chooser picks from: the port owns one element
+  per endpoint in the chooser's map (vip-[local-]endpoints-<proto>,
+  nodeport-[local-]endpoints-<proto>), in endpoint order, each naming its
   endpoint by kube-proxy's KUBE-SEP-<h> in its comment (within nft's 128
-  bytes), with the service's protocol; a changed endpoint is elements only;
+  bytes), DNATed with the service's protocol; a changed endpoint is
+  elements only;
 - hairpin: an (endpoint . endpoint) element per reachable endpoint;
-- IPv6 ports: ip6 matches, bracketed DNAT addresses, ipv6_addr affinity sets;
-- session affinity: lookup, refresh, DNAT per endpoint before the numgen
-  cascade, which DNATs inline.
-The chooser's tests render an eTP=Local node port (ETP_LOCAL_NODEPORT)
-keeping its chains (`render_own`, as a port with ClientIP affinity or more
-than 64 endpoints does): a port without affinity has no chooser of its own
-since v8; test_rules_dispatch*.py test the shared ones.
-Rules are read through builders.text() (nft syntax; fails on unknown shapes);
-dispatch, masquerade and the renderer meta-test live in test_rules_service.py.
+- IPv6 ports: ip6 matches, bracketed endpoint addresses, ipv6_addr keys;
+- session affinity (the only ports with a chooser of their own, KUBE-SVC /
+  KUBE-SVL in the affinity table): lookup, refresh, DNAT per endpoint before
+  the numgen cascade, which DNATs inline; the one affinity set, a shared
+  object of the ports that use it.
+test_rules_dispatch*.py test the shared choosers themselves (their rules,
+counts, probabilities). Rules are read through builders.text() (nft
+syntax; fails on unknown shapes); dispatch, masquerade and the renderer
+meta-test live in test_rules_service.py.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 from fractions import Fraction
 
@@ -33,7 +34,6 @@ from builders import (
     EP2,
     EP3,
     ETP_LOCAL,
-    ETP_LOCAL_NODEPORT,
     ITP_LOCAL,
     LOCAL,
     LOCAL_AND_REMOTE,
@@ -49,16 +49,17 @@ from builders import (
     dnat_to,
     elements_of,
     endpoint,
-    endpoints_map_of,
     hairpin,
     labels,
-    picked,
-    picks,
+    nodeport_dnat,
     render,
-    render_own,
     rules_of,
     sep,
     service_port,
+    shared_chains,
+    shared_dnat,
+    shared_rules,
+    shared_sets,
     text,
     to,
 )
@@ -66,133 +67,78 @@ from builders import (
 from nftproxy.core.model import Endpoint, IPFamily, L4Protocol, SessionAffinity
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
+from nftproxy.core.rules.dispatch import is_indexed_map
 from nftproxy.core.rules.fragment import (
     NUMGEN_KEY,
     Element,
     Fragment,
     Rule,
     Target,
-    affinity_table_name,
     compact_chain,
 )
-from nftproxy.core.rules.skeleton import render_skeleton
 
-# --- the chooser: one map pick --------------------------------------------------
-
-
-def _pick_rule(n: int, chain: str = SVC, protocol: str = "tcp", family: str = "ip") -> str:
-    """The chooser's one rule in nft syntax: key (F1, F2, i), i uniform over 0..n-1."""
-    f1, f2 = names.endpoints_key(chain)
-    return (f"meta l4proto {protocol} dnat {family} to numgen random mod 1 offset {f1} . "
-            f"numgen random mod 1 offset {f2} . numgen random mod {n} "
-            f"map @{endpoints_map_of(chain, protocol)}")
-
-
-def _map_probabilities(fragment: Fragment, rule: Rule) -> dict[str, Fraction]:
-    """Chance of being DNATed to each endpoint, reading the map rule's key:
-    `numgen random mod 1 offset F` is the constant F, the last part
-    `numgen random mod n` picks each index 0..n-1 with probability 1/n, and
-    `picked` asserts one element per index."""
-    (dnat,) = [s["dnat"] for s in rule.expr if "dnat" in s]
-    *fixed, index = dnat["addr"]["map"]["key"]["concat"]
-    assert all(part["numgen"]["mod"] == 1 for part in fixed)
-    assert "offset" not in index["numgen"]
-    n, out = index["numgen"]["mod"], dict[str, Fraction]()
-    for element in picked(fragment, rule):
-        out[str(element.value)] = out.get(str(element.value), Fraction(0)) + Fraction(1, n)
-    return out
+# --- the endpoints a shared chooser picks from ----------------------------------
 
 
 def _map_elements(fragment: Fragment) -> list[Element]:
-    return [e for e in fragment.elements if sk.is_endpoints_map(e.set_name)]
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 5])
-def test_map_pick_picks_each_endpoint_with_probability_one_over_n(n: int) -> None:
-    eps = tuple(endpoint(f"10.180.0.{i + 1}") for i in range(n))
-    fragment = render_own(ETP_LOCAL_NODEPORT, eps).fragment
-    (pick,) = chain_of(fragment, SVC).rules[1:]  # after the masquerade rule
-    assert text(pick) == _pick_rule(n)
-    assert pick.comment == f"ns1/svc1:p80 -> {n} endpoints"
-    assert _map_probabilities(fragment, pick) == {ep.address: Fraction(1, n) for ep in eps}
-    fixed = names.endpoints_key(SVC)
-    assert _map_elements(fragment) == [
-        Element(endpoints_map_of(SVC), (*fixed, i), Target(ep.ip, 80),
-                f"ns1/svc1:p80 -> {ep.address} {sep(ep.ip)}")
-        for i, ep in enumerate(eps)]
-
-
-def test_map_elements_follow_endpoint_order_not_arrival_order() -> None:
-    eps = (endpoint(EP3), endpoint(EP1), endpoint(EP2))
-    fragment = render_own(ETP_LOCAL_NODEPORT, eps).fragment
-    (pick,) = chain_of(fragment, SVC).rules[1:]
-    elements = picked(fragment, pick)
-    assert [e.key[-1] for e in elements] == [0, 1, 2]
-    assert [str(e.value) for e in elements] == [f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"]
-    assert [str(e.comment).split()[-1] for e in elements] == [sep(EP1), sep(EP2), sep(EP3)]
+    """The port's elements of the choosers' maps (index -> endpoint)."""
+    return [e for e in fragment.elements if is_indexed_map(e.set_name)]
 
 
 @pytest.mark.parametrize(
     "protocol", [L4Protocol.TCP, L4Protocol.UDP, L4Protocol.SCTP], ids=lambda p: p.name)
 def test_endpoint_rule_dnats_with_the_service_protocol(protocol: L4Protocol) -> None:
-    """The DNAT is in KUBE-SVC (the map pick; with affinity, the cascade); no
-    rule marks hairpin traffic any more (KUBE-POSTROUTING does, from
-    hairpin-endpoints) and no KUBE-SEP chain exists."""
+    """The DNAT is in the shared chooser the destination goes to (its map
+    pick of the protocol's map, whose element holds the endpoint's address
+    and port) or, with affinity, in KUBE-SVC's cascade; no rule marks hairpin
+    traffic (KUBE-POSTROUTING does, from hairpin-endpoints) and no KUBE-SEP
+    chain exists."""
     port = service_port(protocol=protocol, node_port=3001, external_traffic_policy=LOCAL)
-    chain, proto = names.service_chain(port.name), protocol.nft
-    fragment = render_own(port, (endpoint(EP1, 8080, local=True),)).fragment
-    assert rules_of(fragment, chain)[1:] == [picks(EP1, port=8080, protocol=proto)]
-    assert [text(r) for r in chain_of(fragment, chain).rules[1:]] == [
-        _pick_rule(1, chain, proto)]
-    assert {e.set_name for e in _map_elements(fragment)} == {
-        endpoints_map_of(c, proto) for c in (chain, names.local_chain(port.name))}
-    assert {c.name for c in fragment.chains} == {
-        chain, names.local_chain(port.name), names.external_chain(port.name)}
+    proto = protocol.nft
+    fragment = render(port, (endpoint(EP1, 8080, local=True),)).fragment
+    assert fragment.chains == ()
+    assert shared_rules(fragment, f"dispatch-{proto}-1")[-1] == shared_dnat(1, proto)
+    assert shared_rules(fragment, f"dispatch-nodeport-local-{proto}-1") == [
+        nodeport_dnat(1, proto).replace("nodeport-endpoints", "nodeport-local-endpoints")]
+    sep1 = names.endpoint_chain(port.name, endpoint(EP1, 8080))
+    comment = f"ns1/svc1:p80 -> {EP1}:8080 {sep1}"
+    assert _map_elements(fragment) == [
+        Element(f"vip-endpoints-{proto}", (CIP, 80, 0), Target(EP1, 8080), comment),
+        Element(f"nodeport-endpoints-{proto}", (3001, 0), Target(EP1, 8080), comment),
+        Element(f"nodeport-local-endpoints-{proto}", (3001, 0), Target(EP1, 8080), comment),
+    ]
+    assert {e.set_name for e in _map_elements(fragment)} <= set(shared_sets(fragment))
     assert elements_of(fragment, "hairpin-endpoints") == {(EP1, EP1): None}
     affinity = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
-    fragment = render_own(affinity, (endpoint(EP1, 8080),)).fragment
+    fragment = render(affinity, (endpoint(EP1, 8080),)).fragment
+    chain = names.service_chain(port.name)
     assert rules_of(fragment, chain)[-1].endswith(to(EP1, 8080, proto))
     assert _map_elements(fragment) == []
 
 
-def test_choosers_spread_over_the_endpoints_map_shards() -> None:
-    """A chooser's rule and its elements name the same shard, the one its
-    key picks; 640 ports use every one of the 32, none with more than 2.5x
-    its share (a new chooser makes the kernel walk its shard's elements:
-    rules/skeleton.py ENDPOINTS_SHARDS)."""
-    used: Counter[str] = Counter()
-    for i in range(640):
-        port = service_port(
-            f"s{i}", cluster_ip=f"10.96.{i // 250}.{i % 250 + 1}", node_port=30000 + i,
-            external_traffic_policy=LOCAL)
-        fragment = render_own(port, (endpoint(EP1), endpoint(EP2))).fragment
-        (pick,) = chain_of(fragment, names.service_chain(port.name)).rules[1:]
-        (ref,) = {w[1:] for w in text(pick).split() if w.startswith("@")}
-        assert {e.set_name for e in _map_elements(fragment)} == {ref}
-        assert sk.is_endpoints_map(ref)
-        used[ref] += 1
-    assert len(used) == sk.ENDPOINTS_SHARDS == 32
-    assert max(used.values()) <= 2.5 * 640 / 32
-
-
 def test_a_changed_endpoint_changes_elements_only() -> None:
-    """Same count, another endpoint: every chain renders the same rules (the
-    same digest, so the chain is not rewritten) and the endpoints maps keep
-    their keys; only their values (and the hairpin pairs) change. The
-    second endpoint has no node, so it is a hairpin pair."""
+    """Same count, another endpoint: the port still has no chain, uses the
+    same shared objects (equal chains, so none is rewritten), and the
+    endpoints maps keep their keys; only their values (and the hairpin
+    pairs) change. The second endpoint has no node, so it is a hairpin pair."""
     here = endpoint(EP1, local=True)
-    before = render_own(ETP_LOCAL, (here, endpoint(EP2, nodeless=True))).fragment
+    before = render(ETP_LOCAL, (here, endpoint(EP2, nodeless=True))).fragment
     moved = (endpoint(EP1, 8080, local=True), endpoint(EP3, nodeless=True))
-    after = render_own(ETP_LOCAL, moved).fragment
-    assert {c.name for c in before.chains} == {SVC, SVL, names.external_chain(SVC1.name)}
-    assert [compact_chain(c) for c in before.chains] == [compact_chain(c) for c in after.chains]
-    assert before.sets == after.sets
+    after = render(ETP_LOCAL, moved).fragment
+    assert before.chains == after.chains == ()
+    assert before.shared == after.shared
+    assert [compact_chain(c) for c in shared_chains(before).values()] == [
+        compact_chain(c) for c in shared_chains(after).values()]
+    assert before.sets == after.sets == ()
     assert [e.key for e in _map_elements(before)] == [e.key for e in _map_elements(after)]
     changed = set(before.elements) ^ set(after.elements)
-    maps = {endpoints_map_of(c) for c in (SVC, SVL)}
-    assert {e.set_name for e in changed} == {*maps, "hairpin-endpoints"}
-    assert [str(e.value) for e in _map_elements(after)] == [
-        f"{EP1}:8080", f"{EP3}:80", f"{EP1}:8080"]  # KUBE-SVC's two, then KUBE-SVL's one
+    assert {e.set_name for e in changed} == {
+        "vip-endpoints-tcp", "vip-local-endpoints-tcp", "nodeport-endpoints-tcp",
+        "nodeport-local-endpoints-tcp", "hairpin-endpoints"}
+    assert [str(e.value) for e in _map_elements(after)
+            if e.key[0] == CIP] == [f"{EP1}:8080", f"{EP3}:80"]
+    assert [str(e.value) for e in _map_elements(after)
+            if e.set_name == "nodeport-local-endpoints-tcp"] == [f"{EP1}:8080"]
 
 
 def test_endpoint_comments_name_the_endpoint_by_its_kube_sep_identity() -> None:
@@ -224,16 +170,22 @@ def test_endpoint_comments_of_a_maximal_service_keep_the_kube_sep_tag_within_128
 
 
 def test_map_element_comments_of_a_maximal_service_keep_the_kube_sep_tag() -> None:
+    """In every map the port fills: its cluster IP's, its node port's, and
+    the local endpoints' of its eTP=Local node port."""
     port = service_port("s" * 63, ns="n" * 63, port_name="p" * 15, family=IPFamily.IPV6,
                         node_port=3001, external_traffic_policy=LOCAL)
-    eps = (endpoint("fd00:10:180::ffff:ffff", 65535), endpoint("fd00:10:180::2"))
-    fragment = render_own(port, eps).fragment
-    comments = [str(e.comment) for e in _map_elements(fragment)]
-    assert len(comments) == 2
-    tags = [names.endpoint_chain(port.name, ep) for ep in sorted(eps, key=lambda e: e.ip)]
-    assert all(len(c.encode()) <= names.COMMENT_MAX_BYTES for c in comments)
-    assert all(c.endswith(" " + tag) for c, tag in zip(comments, tags, strict=True))
-    assert all(c.startswith(str(port.name)[:60]) for c in comments)
+    eps = (endpoint("fd00:10:180::ffff:ffff", 65535, local=True), endpoint("fd00:10:180::2"))
+    fragment = render(port, eps).fragment
+    elements = _map_elements(fragment)
+    assert {e.set_name for e in elements} == {
+        "vip-endpoints-tcp", "nodeport-endpoints-tcp", "nodeport-local-endpoints-tcp"}
+    assert len(elements) == 5
+    for e in elements:
+        assert isinstance(e.value, Target)
+        tag = names.endpoint_chain(port.name, Endpoint(e.value.ip, e.value.port))
+        comment = str(e.comment)
+        assert len(comment.encode()) <= names.COMMENT_MAX_BYTES
+        assert comment.endswith(" " + tag) and comment.startswith(str(port.name)[:60])
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -290,26 +242,27 @@ def test_one_element_per_endpoint_ip_however_many_of_its_ports_serve() -> None:
 
 
 def test_ipv6_port_renders_ip6_matches_and_ipv6_addresses() -> None:
-    port = service_port(family=IPFamily.IPV6, node_port=3001, external_traffic_policy=LOCAL)
+    port = service_port(family=IPFamily.IPV6, node_port=3001)
     ep = endpoint("fd00:10:180::1", local=True)
-    fragment = render_own(port, (ep,)).fragment
+    fragment = render(port, (ep,)).fragment
     cip = "fd00:172:30::41"
+    tag = f"ns1/svc1:p80 -> [fd00:10:180::1]:80 {names.endpoint_chain(port.name, ep)}"
     assert dispatch(fragment, labels(port)) == {
         "cluster-ips": {(cip,): None},
-        "service-ips": {(cip, "tcp", 80): "goto SVC"},
-        "service-nodeports": {("tcp", 3001): "goto EXT"},
+        "service-ips": {(cip, "tcp", 80): "goto dispatch-tcp-1"},
+        "vip-endpoints-tcp": {(cip, 80, 0): "[fd00:10:180::1]:80"},
+        "service-nodeports": {("tcp", 3001): "goto dispatch-nodeport-tcp-1"},
+        "nodeport-endpoints-tcp": {(3001, 0): "[fd00:10:180::1]:80"},
+        "masquerade-nodeports": {("tcp", 3001): None},
         **hairpin("fd00:10:180::1"),
     }
-    chain = names.service_chain(port.name)
-    assert rules_of(fragment, chain) == [
-        f"ip6 daddr {cip} tcp dport 80 ip6 saddr != fd00:10::/48 {MASQ}",
-        picks("fd00:10:180::1"),
-    ]
-    pick = chain_of(fragment, chain).rules[1]
-    assert text(pick) == _pick_rule(1, chain, family="ip6")
-    assert picked(fragment, pick) == [Element(
-        endpoints_map_of(chain), (*names.endpoints_key(chain), 0), Target("fd00:10:180::1", 80),
-        f"ns1/svc1:p80 -> [fd00:10:180::1]:80 {names.endpoint_chain(port.name, ep)}")]
+    assert [e.comment for e in _map_elements(fragment)] == [tag, tag]
+    assert shared_rules(fragment, "dispatch-tcp-1") == [
+        f"ip6 daddr @cluster-ips ip6 saddr != fd00:10::/48 {MASQ}", shared_dnat(1, ip="ip6")]
+    assert shared_rules(fragment, "dispatch-nodeport-tcp-1") == [nodeport_dnat(1, ip="ip6")]
+    assert {d.name: d.type[0] for d in shared_sets(fragment).values()} == {
+        "vip-endpoints-tcp": "ipv6_addr", "nodeport-endpoints-tcp": "inet_service"}
+    assert {d.map for d in shared_sets(fragment).values()} == {"ipv6_addr . inet_service"}
     assert fragment.family is IPFamily.IPV6
 
 
@@ -348,15 +301,20 @@ def _probabilities(rules: list[Rule]) -> dict[str, Fraction]:
 
 
 def test_affinity_declares_no_set_of_its_own() -> None:
-    """Ruleset v4: every endpoint's clients live in the skeleton's one
-    `affinity` set (a named set per endpoint slowed every commit)."""
+    """Ruleset v4: every endpoint's clients live in one `affinity` set (a
+    named set per endpoint slowed every commit), which the ports with
+    ClientIP affinity share: it is their one shared object."""
     eps = (endpoint(EP1), endpoint(EP2))
-    assert render(AFFINITY, eps).fragment.sets == ()
+    fragment = render(AFFINITY, eps).fragment
+    assert fragment.sets == ()
+    assert list(shared_sets(fragment)) == ["affinity:affinity"] and shared_chains(fragment) == {}
+    other = render(replace(AFFINITY, name=replace(AFFINITY.name, name="other")), eps).fragment
+    assert other.shared == fragment.shared
 
 
 def test_the_shared_affinity_set_is_dynamic_with_timeouts_per_element() -> None:
-    skeleton = render_skeleton(IPFamily.IPV4, CONFIG, NODE)
-    (decl,) = (s for s in skeleton.sets if s.name == affinity_table_name(sk.AFFINITY))
+    (decl,) = sk.choosers(IPFamily.IPV4, CONFIG, NODE).affinity().sets
+    assert decl.name == "affinity:affinity"
     assert decl.key == ("ip saddr", NUMGEN_KEY, NUMGEN_KEY)
     assert decl.type == ("ipv4_addr", "integer", "integer")
     assert decl.map is None
@@ -364,8 +322,7 @@ def test_the_shared_affinity_set_is_dynamic_with_timeouts_per_element() -> None:
     assert decl.dynamic
     assert decl.timeout is None, "each port's rules give their own timeout"
     assert decl.size == sk.AFFINITY_SIZE and decl.size > 65535
-    six = render_skeleton(IPFamily.IPV6, CONFIG, NODE)
-    (decl6,) = (s for s in six.sets if s.name == affinity_table_name(sk.AFFINITY))
+    (decl6,) = sk.choosers(IPFamily.IPV6, CONFIG, NODE).affinity().sets
     assert decl6.key == ("ip6 saddr", NUMGEN_KEY, NUMGEN_KEY)
 
 
@@ -435,10 +392,12 @@ def test_affinity_in_kube_svl_looks_up_local_endpoints_only() -> None:
 
 
 def test_without_affinity_there_are_no_lookups_nor_updates() -> None:
-    """The only set a chooser without affinity reads is the endpoints map."""
-    fragment = render_own(ETP_LOCAL_NODEPORT, (endpoint(EP1), endpoint(EP2))).fragment
-    rules = [text(r) for c in fragment.chains for r in c.rules]
+    """A port without affinity has no chain, and the shared chains it uses
+    read only their own maps and the cluster IPs (the masquerade rule):
+    no affinity lookup, no update."""
+    fragment = render(ETP_LOCAL, (endpoint(EP1, local=True), endpoint(EP2))).fragment
+    assert fragment.chains == () and fragment.sets == ()
+    rules = [text(r) for c in shared_chains(fragment).values() for r in c.rules]
     assert {word for r in rules for word in r.split() if "@" in word} == {
-        "@" + endpoints_map_of(SVC)}
-    assert not any("update" in r for r in rules)
-    assert fragment.sets == ()
+        "@" + name for name in (*shared_sets(fragment), "cluster-ips")}
+    assert not any("update" in r or "affinity" in r for r in rules)

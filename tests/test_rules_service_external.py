@@ -1,10 +1,14 @@
 """One service port -> its fragment (nftproxy.core.rules.service): external access.
 
 Aspects, each in kube-proxy's words (docs/kube-proxy-semantics.md,
-upstream-nftables-notes.md §1.5-§1.15), in ruleset v2's shapes:
-- KUBE-EXT: masquerade then KUBE-SVC for eTP=Cluster; for eTP=Local the
-  pod and host short-circuits (per local-traffic detector) and KUBE-SVL with
-  local endpoints only;
+upstream-nftables-notes.md §1.5-§1.15):
+- KUBE-EXT (a port with ClientIP affinity's own chain; every other port's
+  external destinations go to the shared choosers, and for eTP=Local to
+  the shared external-local / nodeport-local chains,
+  test_rules_dispatch_local.py): masquerade then KUBE-SVC for eTP=Cluster;
+  for eTP=Local the pod and host short-circuits (per local-traffic
+  detector) and KUBE-SVL with local endpoints only (as the shared local
+  choosers' maps);
 - loadBalancerSourceRanges: firewall-vips elements (KUBE-FW-<h> in their
   comment) and firewall-allow elements, read by the skeleton's one check;
 - whole-fragment properties: determinism, every comment names the service
@@ -40,14 +44,15 @@ from builders import (
     SVC,
     SVL,
     dispatch,
+    dnat_to,
     elements_of,
     endpoint,
     labels,
-    picks,
     render,
-    render_own,
     rules_of,
     service_port,
+    shared_chains,
+    shared_rules,
     text,
 )
 
@@ -72,7 +77,7 @@ def test_etp_cluster_external_chain_masquerades_then_goes_to_kube_svc() -> None:
     sticky = replace(NODEPORT, session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render(sticky, REMOTE).fragment
     assert rules_of(fragment, EXT) == [MASQ, f"goto {SVC}"]
-    # shared (v7, no affinity): no KUBE-EXT; its node port is marked for
+    # shared (no affinity): no KUBE-EXT; its node port is marked for
     # masquerade by the skeleton's KUBE-NODEPORTS, from masquerade-nodeports
     fragment = render(NODEPORT, REMOTE).fragment
     assert fragment.chains == ()
@@ -85,32 +90,52 @@ HOST_SHORT_CIRCUIT = [f"fib saddr type local {MASQ}", f"fib saddr type local got
 """...then masquerades the host's own traffic and sends it to KUBE-SVC too."""
 
 
+STICKY_ETP_LOCAL = replace(ETP_LOCAL, session_affinity=SessionAffinity.CLIENT_IP)
+"""eTP=Local with ClientIP affinity: a port that keeps KUBE-SVC/SVL/EXT."""
+
+
+def dnat_targets(fragment: Fragment, chain: str) -> set[str]:
+    """The endpoints (ip:port) the chain's rules DNAT to."""
+    rules = [r for c in fragment.chains if c.name.endswith(chain) for r in c.rules]
+    return {dnat_to(r) for r in rules if any("dnat" in s for s in r.expr)}
+
+
 def test_etp_local_external_chain_short_circuits_pods_and_host() -> None:
-    fragment = render_own(ETP_LOCAL, LOCAL_AND_REMOTE).fragment
+    fragment = render(STICKY_ETP_LOCAL, LOCAL_AND_REMOTE).fragment
     assert rules_of(fragment, EXT) == [POD_SHORT_CIRCUIT, *HOST_SHORT_CIRCUIT, f"goto {SVL}"]
 
 
 def test_etp_local_local_chain_contains_only_local_endpoints() -> None:
     eps = (endpoint(EP1, local=True), endpoint(EP2), endpoint(EP3, local=True))
-    fragment = render_own(ETP_LOCAL, eps).fragment
-    assert rules_of(fragment, SVL) == [picks(EP1, EP3)]
+    fragment = render(STICKY_ETP_LOCAL, eps).fragment
+    assert dnat_targets(fragment, SVL) == {f"{EP1}:80", f"{EP3}:80"}
     # KUBE-SVC (pods, host) still balances over every endpoint
-    assert rules_of(fragment, SVC)[1:] == [picks(EP1, EP2, EP3)]
+    assert dnat_targets(fragment, SVC) == {f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"}
+    # without affinity, the same split between the shared choosers' maps
+    shared = render(ETP_LOCAL, eps).fragment
+    local = [str(v) for k, v in elements_of(shared, "vip-local-endpoints-tcp").items()
+             if k[0] == LB]
+    cluster = [str(v) for k, v in elements_of(shared, "vip-endpoints-tcp").items() if k[0] == LB]
+    assert (local, cluster) == ([f"{EP1}:80", f"{EP3}:80"], [f"{EP1}:80", f"{EP2}:80", f"{EP3}:80"])
 
 
 def test_etp_local_local_chain_has_no_cluster_ip_masquerade_rule() -> None:
-    fragment = render_own(ETP_LOCAL, LOCAL_AND_REMOTE).fragment
+    fragment = render(STICKY_ETP_LOCAL, LOCAL_AND_REMOTE).fragment
     assert not any(r.endswith(MASQ) for r in rules_of(fragment, SVL))
+    shared = render(ETP_LOCAL, LOCAL_AND_REMOTE).fragment
+    local_choosers = [c for c in shared_chains(shared) if c.startswith("dispatch-local-")]
+    assert local_choosers == ["dispatch-local-tcp-1"]
+    assert not any(r.endswith(MASQ) for r in shared_rules(shared, "dispatch-local-tcp-1"))
 
 
 def test_etp_local_without_local_endpoints_has_no_goto_kube_svl() -> None:
-    fragment = render_own(ETP_LOCAL, REMOTE).fragment
+    fragment = render(STICKY_ETP_LOCAL, REMOTE).fragment
     assert rules_of(fragment, EXT) == [POD_SHORT_CIRCUIT, *HOST_SHORT_CIRCUIT]
 
 
 def test_etp_local_without_a_detector_loses_the_pod_short_circuit() -> None:
     config = replace(CONFIG, cluster_cidrs=())
-    fragment = render_own(ETP_LOCAL, LOCAL_AND_REMOTE, config=config).fragment
+    fragment = render(STICKY_ETP_LOCAL, LOCAL_AND_REMOTE, config=config).fragment
     assert rules_of(fragment, EXT) == [*HOST_SHORT_CIRCUIT, f"goto {SVL}"]
 
 
@@ -130,20 +155,20 @@ def test_etp_local_without_a_detector_loses_the_pod_short_circuit() -> None:
 def test_etp_local_pod_short_circuit_uses_the_detector(
     config: ProxyConfig, short_circuit: str
 ) -> None:
-    fragment = render_own(ETP_LOCAL, LOCAL_AND_REMOTE, config=config).fragment
+    fragment = render(STICKY_ETP_LOCAL, LOCAL_AND_REMOTE, config=config).fragment
     assert rules_of(fragment, EXT)[0] == short_circuit
 
 
 def test_etp_local_without_external_access_is_plain_cluster_ip() -> None:
     """No KUBE-SVL nor KUBE-EXT: the cluster-IP-only port renders as one
-    without the policy, with its shared chooser (v7) or, with affinity, its
-    own KUBE-SVC."""
+    without the policy, with its shared chooser or, with affinity, its own
+    KUBE-SVC."""
     port = service_port(external_traffic_policy=LOCAL)
     fragment = render(port, REMOTE).fragment
     assert fragment == render(service_port(), REMOTE).fragment
     assert {c.name for c in fragment.chains} == set()
     assert set(dispatch(fragment, labels(port))) == {
-        "cluster-ips", "service-ips", "vip-endpoints-tcp-a"}  # REMOTE: no hairpin pair
+        "cluster-ips", "service-ips", "vip-endpoints-tcp"}  # REMOTE: no hairpin pair
     sticky = replace(port, session_affinity=SessionAffinity.CLIENT_IP)
     fragment = render(sticky, REMOTE).fragment
     cluster = replace(sticky, external_traffic_policy=TrafficPolicy.CLUSTER)
@@ -232,7 +257,7 @@ def test_node_port_bypasses_source_ranges() -> None:
     assert set(vips) == {(LB, "tcp", 80)}
     assert {key[:3] for key in allow} == {(LB, "tcp", 80)}
     assert elements_of(fragment, "service-nodeports") == {
-        ("tcp", 3001): Verdict("goto", "dispatch-nodeport-tcp-a-1")}
+        ("tcp", 3001): Verdict("goto", "dispatch-nodeport-tcp-1")}
     own = render(replace(port, session_affinity=SessionAffinity.CLIENT_IP), REMOTE).fragment
     assert _firewall(own) == (vips, allow)
     assert elements_of(own, "service-nodeports") == {("tcp", 3001): Verdict("accept")}
@@ -281,7 +306,8 @@ def test_every_rule_comment_names_the_service_port() -> None:
 
 
 def test_render_context_is_honoured_for_the_family() -> None:
-    ctx = RenderContext(IPFamily.IPV6, CONFIG, NodeInfo("node-a"), None)
+    node = NodeInfo("node-a")
+    ctx = RenderContext(IPFamily.IPV6, CONFIG, node, None, sk.choosers(IPFamily.IPV6, CONFIG, node))
     port = service_port(family=IPFamily.IPV6)
     fragment = render_service_port(port, (endpoint("fd00:10:180::1"),), ctx).fragment
     assert fragment.family is IPFamily.IPV6
@@ -301,8 +327,11 @@ def test_text_reads_every_rule_the_renderers_emit(family: IPFamily) -> None:
                    load_balancer_ingress=(LoadBalancerIngress(ip[0]),),
                    load_balancer_source_ranges=(ip[2],))
     eps = (endpoint(ip[1] + "1", local=True), endpoint(ip[1] + "2"))
+    shared = render(replace(port, session_affinity=SessionAffinity.NONE), eps).fragment
     for fragment in (render(port, eps).fragment, sk.render_skeleton(family, CONFIG, NODE)):
         assert all(text(r) for c in fragment.chains for r in c.rules)
+    assert len(shared_chains(shared)) == 6  # the choosers and the eTP=Local chains
+    assert all(text(r) for c in shared_chains(shared).values() for r in c.rules)
 
 
 @pytest.mark.parametrize(

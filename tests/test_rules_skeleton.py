@@ -3,8 +3,10 @@
 This is the one place exact output is pinned (style guideline 16): the base
 chains with their hooks and integer priorities (upstream-nftables-notes §1.2,
 v1.34+ layout), the KUBE-* chains and their rules, the dispatch maps and
-shared sets with their types. The JSON (tests/skeleton_golden.py) is written out literally, not
-built with nftproxy.core.rules.expr, so a change of spelling shows up here.
+shared sets with their types, and the shared objects the ports use on
+demand (skeleton.choosers). The JSON (tests/skeleton_golden.py) is written
+out literally, not built with nftproxy.core.rules.expr, so a change of
+spelling shows up here.
 
 Ruleset v2: loadBalancerSourceRanges are one KUBE-FIREWALL-CHECK rule over
 the firewall-vips / firewall-allow sets, and hairpin is the first
@@ -12,15 +14,14 @@ KUBE-POSTROUTING rule over the hairpin-endpoints set. Every set a rule looks
 up is matched by the very selectors it is declared by (`SetDecl.key`), which
 libnftables 1.1.x declares as typeof.
 
-Ruleset v7: the shared choosers dispatch-<proto>-<generation>-<N> (N =
-1..64) of the VIPs (cluster IPs, external IPs, LB VIPs), each DNATing by
-(VIP, port, index) in its protocol's vip-endpoints map, and
-dispatch-nodeport-<proto>-<generation>-<N> of the node ports, DNATing by
-(node port, index) in nodeport-endpoints; the first rule of KUBE-SERVICES
-and of KUBE-NODEPORTS marks the shared ports' external destinations for
-masquerade (masquerade-vips, masquerade-nodeports), before the verdict maps
-(test_rules_dispatch*.py test the masquerade rule per detector, the
-generations and the ports that use them).
+The skeleton holds no chooser: the first rule of KUBE-SERVICES and of
+KUBE-NODEPORTS marks the shared ports' external destinations for
+masquerade (masquerade-vips, masquerade-nodeports) before the verdict maps,
+whose elements go to the shared choosers dispatch-<proto>-<N> (DNAT by
+(VIP, port, index) in vip-endpoints-<proto>) and dispatch-nodeport-<proto>-<N>
+(by (node port, index) in nodeport-endpoints-<proto>), which
+skeleton.choosers makes with their maps as a port needs them
+(test_rules_dispatch*.py test them per detector and the ports that use them).
 
 Variants: the masquerade bit, tcp_be_liberal, IPv6; nodePortAddresses in
 test_rules_skeleton_nodeports.py.
@@ -35,47 +36,66 @@ from typing import Any
 import pytest
 from skeleton_golden import (
     AFFINITY_CHAINS,
+    AFFINITY_SET_TEXT_V4,
     BASE_CHAINS,
-    DISPATCH_CHAINS,
     FIB_DADDR_LOCAL,
+    GOLDEN_CHOOSERS_MAPS_V4,
     GOLDEN_SETS_V4,
     GOLDEN_V4,
-    HAIRPIN_SETS,
     KUBE_CHAINS,
     L4PROTO,
     MARK,
     NOT_LOOPBACK_V4,
     NOT_LOOPBACK_V6,
-    PICK_CHAINS,
+    PROTO_PORT,
     PROTOCOLS,
+    SKELETON_CHAINS,
+    SKELETON_SETS,
     TH_DPORT,
     Rules,
+    addr_proto_port,
     daddr,
+    endpoints_map_text,
+    external_local,
     goto,
-    hairpin_rules,
+    hairpin_rule,
     in_set,
-    jump,
     mark_and,
     mark_or,
+    nodeport_chooser,
     saddr,
+    shared_chooser,
 )
 
 from nftproxy.core.config import ConntrackConfig, ProxyConfig
-from nftproxy.core.model import IPFamily, NodeInfo
+from nftproxy.core.model import IPFamily, L4Protocol, NodeInfo
 from nftproxy.core.nft.ops import Table, typeof_key
 from nftproxy.core.rules import skeleton as skeleton_mod
-from nftproxy.core.rules.fragment import Fragment
-from nftproxy.core.rules.skeleton import (
-    AFFINITY,
-    is_endpoints_map,
-    render_skeleton,
-)
+from nftproxy.core.rules.fragment import Fragment, Shared
+from nftproxy.core.rules.skeleton import AFFINITY, choosers, render_skeleton
 
 V4, V6 = IPFamily.IPV4, IPFamily.IPV6
 PROTO_PORT_KEY = {"concat": [L4PROTO, TH_DPORT]}
 NODE = NodeInfo("node-a", ipv4=("192.168.0.2", "10.1.2.3"), ipv6=("fd00:192::2",))
 DEFAULT = ProxyConfig()
 TABLE = {V4: Table("ip", "nftproxy"), V6: Table("ip6", "nftproxy")}
+
+
+def every_shared(family: IPFamily, config: ProxyConfig = DEFAULT) -> Fragment:
+    """A fragment of the shared objects of every kind (choosers of 1 and 3
+    endpoints per protocol, of cluster and of local endpoints, for VIPs and
+    node ports; the two eTP=Local chains), as skeleton.choosers makes them
+    for the ports that use them."""
+    made = choosers(family, config, NODE)
+    bundles: list[Shared] = [
+        made.external_local(nodeport=False), made.external_local(nodeport=True)]
+    for p in L4Protocol:
+        for n in (1, 3):
+            for local in (False, True):
+                bundles += [made.vip(p, n, local=local), made.nodeport(p, n, local=local)]
+    return Fragment(family, tuple(c for b in bundles for c in b.chains),
+                    tuple({d.name: d for b in bundles for d in b.sets}.values()))
+
 
 def rules(fragment: Fragment) -> dict[str, Rules]:
     return {c.name: [(list(r.expr), r.comment) for r in c.rules] for c in fragment.chains}
@@ -110,9 +130,9 @@ def test_base_chains_hook_types_and_integer_priorities() -> None:
 def test_kube_chains_are_regular_chains() -> None:
     fragment = render_skeleton(V4, DEFAULT, NODE)
     regular = {c.name for c in fragment.chains if c.hook is None}
-    assert regular == KUBE_CHAINS | DISPATCH_CHAINS | PICK_CHAINS | AFFINITY_CHAINS
-    assert len(DISPATCH_CHAINS) == 4 * 3 * 64 + 2
-    assert len(PICK_CHAINS) == 2 * 63
+    assert regular == KUBE_CHAINS | AFFINITY_CHAINS
+    assert [c.name for c in fragment.chains] == SKELETON_CHAINS
+    assert len(SKELETON_CHAINS) == len(BASE_CHAINS) + len(regular) == 21
 
 
 def test_ipv4_skeleton_rules_are_golden() -> None:
@@ -121,42 +141,48 @@ def test_ipv4_skeleton_rules_are_golden() -> None:
 
 def test_ipv4_maps_and_sets_are_golden() -> None:
     fragment = render_skeleton(V4, DEFAULT, NODE)
-    in_json = [s for s in fragment.sets if not s.text_only]
-    assert [TABLE[V4].add_set(s) for s in in_json] == GOLDEN_SETS_V4
-    # the endpoints maps: integer keys, which 1.0.6 declares only in nft text
-    assert [TABLE[V4].declare_text(s) for s in fragment.sets if s.text_only] == [
-        "add table ip nftproxy\n"
-        f"add map ip nftproxy endpoints-{p}-a-{k:02} {{ typeof numgen "
-        f"random mod 1 . numgen random mod 1 . numgen random mod 1 : ip daddr . {p} dport; "
-        f'comment "{p} endpoints: chooser chain key . index -> endpoint"; }}'
-        for p in ("tcp", "udp", "sctp")
-        for k in range(32)
-    ] + [
-        text
-        for local, which in (("", "endpoint"), ("local-", "local endpoint"))
-        for p in ("tcp", "udp", "sctp")
-        for text in (
-            "add table ip nftproxy\n"
-            f"add map ip nftproxy vip-{local}endpoints-{p}-a {{ typeof "
-            f"ip daddr . {p} dport . numgen random mod 1 : ip daddr . {p} dport; "
-            f'comment "{p} VIP . port . index -> {which}"; }}',
-            "add table ip nftproxy\n"
-            f"add map ip nftproxy nodeport-{local}endpoints-{p}-a {{ typeof "
-            f"{p} dport . numgen random mod 1 : ip daddr . {p} dport; "
-            f'comment "{p} node port . index -> {which}"; }}',
-        )
-    ] + [
-        "add table ip nftproxy-affinity\n"
-        "add set ip nftproxy-affinity affinity { typeof ip "
-        "saddr . numgen random mod 1 . numgen random mod 1; flags dynamic, timeout; size "
-        '1048576; comment "ClientIP affinity: client . KUBE-SEP key, expiring"; }'
-    ]
-    # the root maps' elements: each protocol to generation a's pick tree (ruleset v10)
-    assert {s.name: s.elements for s in fragment.sets if s.elements} == {
-        f"shared-{kind}s-root": tuple([p, jump(f"pick-{kind}-a")] for p in PROTOCOLS)
-        for kind in ("vip", "nodeport")
-    }
-    assert [s.name for s in fragment.sets if s.dynamic] == ["affinity:affinity"]
+    assert [s.name for s in fragment.sets] == SKELETON_SETS
+    assert [TABLE[V4].add_set(s) for s in fragment.sets] == GOLDEN_SETS_V4
+    # no integer key anywhere (the choosers' maps and the affinity set, which
+    # libnftables 1.0.6 declares only in nft text, are shared objects)
+    assert not any(s.text_only for s in fragment.sets)
+    # static elements only where the config or the cluster gives them
+    assert [s.name for s in fragment.sets if s.elements or s.dynamic] == []
+
+
+def test_ipv4_shared_objects_are_golden() -> None:
+    """What skeleton.choosers makes for the ports that use them: each chooser
+    is one chain without a hook and its map, each eTP=Local chain with its
+    two choosers maps, the affinity set alone; the choosers' maps and the
+    affinity set are declared in nft text only on libnftables 1.0.6 (an
+    integer key part), the choosers maps in JSON."""
+    made = choosers(V4, DEFAULT, NODE)
+    affinity = made.affinity()
+    assert (affinity.chains, [d.name for d in affinity.sets]) == ((), ["affinity:affinity"])
+    assert [TABLE[V4].declare_text(d) for d in affinity.sets] == [AFFINITY_SET_TEXT_V4]
+    assert [d.dynamic for d in affinity.sets] == [True]
+    key = {False: addr_proto_port("ip"), True: PROTO_PORT}
+    for nodeport, where in ((False, "external"), (True, "nodeport")):
+        bundle = made.external_local(nodeport=nodeport)
+        assert rules(Fragment(V4, bundle.chains)) == {
+            f"{where}-local": external_local(key[nodeport], where)}
+        assert [TABLE[V4].add_set(d) for d in bundle.sets] == GOLDEN_CHOOSERS_MAPS_V4[
+            2 * nodeport:2 * nodeport + 2]
+    for p in L4Protocol:
+        for n in (1, 3, 200):
+            for local in ("", "local-"):
+                vip = made.vip(p, n, local=bool(local))
+                nodeport = made.nodeport(p, n, local=bool(local))
+                assert rules(Fragment(V4, vip.chains)) == {
+                    f"dispatch-{local}{p.nft}-{n}": [shared_chooser("ip", p.nft, n, local)]}
+                assert rules(Fragment(V4, nodeport.chains)) == {
+                    f"dispatch-nodeport-{local}{p.nft}-{n}": [
+                        nodeport_chooser("ip", p.nft, n, local)]}
+                assert all(c.hook is None for c in (*vip.chains, *nodeport.chains))
+                assert [TABLE[V4].declare_text(d) for d in (*vip.sets, *nodeport.sets)] == [
+                    endpoints_map_text("vip", p.nft, local),
+                    endpoints_map_text("nodeport", p.nft, local)]
+                assert all(d.text_only for d in (*vip.sets, *nodeport.sets))
 
 
 def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
@@ -183,16 +209,8 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
     assert rules(fragment) == v6(GOLDEN_V4)
     assert chain_rules(fragment, "KUBE-SERVICES")[-1][0] == [
         FIB_DADDR_LOCAL, NOT_LOOPBACK_V6, goto("KUBE-NODEPORTS")]
-    assert chain_rules(fragment, "KUBE-POSTROUTING")[:3] == hairpin_rules("ip6", 16384)
+    assert chain_rules(fragment, "KUBE-POSTROUTING")[0] == hairpin_rule("ip6", 16384)
     assert {s.name: s.type[0] for s in fragment.sets} == {
-        **{f"endpoints-{p}-a-{k:02}": "integer" for p in ("tcp", "udp", "sctp") for k in range(32)},
-        **{f"vip-{local}endpoints-{p}-a": "ipv6_addr"
-           for p in ("tcp", "udp", "sctp") for local in ("", "local-")},
-        **{f"nodeport-{local}endpoints-{p}-a": "inet_service"
-           for p in ("tcp", "udp", "sctp") for local in ("", "local-")},
-        **{f"external-{which}-choosers-a": "ipv6_addr" for which in ("cluster", "local")},
-        **{f"nodeport-{which}-choosers-a": "inet_proto" for which in ("cluster", "local")},
-        "affinity:affinity": "ipv6_addr",
         "affinity:service-ips": "ipv6_addr",
         "affinity:service-nodeports": "inet_proto",
         "affinity:nodeport-ips": "ipv6_addr",
@@ -204,16 +222,23 @@ def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
         "masquerade-nodeports": "inet_proto",
         "firewall-vips": "ipv6_addr",
         "firewall-allow": "ipv6_addr",
-        **dict.fromkeys(HAIRPIN_SETS, "ipv6_addr"),
+        "hairpin-endpoints": "ipv6_addr",
         "cluster-ips": "ipv6_addr",
         "nodeport-ips": "ipv6_addr",
         "service-cidrs": "ipv6_addr",
-        **{f"shared-vips-a{bit}": "ipv6_addr" for bit in ("", *(f"-bit{b}" for b in range(6)))},
-        **{f"shared-nodeports-a{bit}": "inet_proto"
-           for bit in ("", *(f"-bit{b}" for b in range(6)))},
-        "shared-vips-root": "inet_proto",
-        "shared-nodeports-root": "inet_proto",
     }
+    shared = every_shared(V6)
+    assert rules(shared) == v6(rules(every_shared(V4)))
+    assert {s.name: s.type[0] for s in shared.sets} == {
+        **{f"vip-{local}endpoints-{p}": "ipv6_addr" for p in PROTOCOLS for local in ("", "local-")},
+        **{f"nodeport-{local}endpoints-{p}": "inet_service"
+           for p in PROTOCOLS for local in ("", "local-")},
+        **{f"external-{which}-choosers": "ipv6_addr" for which in ("cluster", "local")},
+        **{f"nodeport-{which}-choosers": "inet_proto" for which in ("cluster", "local")},
+    }
+    assert {s.name: s.data for s in shared.sets if s.data} == {
+        f"{kind}-{local}endpoints-{p}": ("ip6 daddr", f"{p} dport")
+        for kind in ("vip", "nodeport") for local in ("", "local-") for p in PROTOCOLS}
     assert (sets(fragment)["firewall-allow"].type, sets(fragment)["hairpin-endpoints"].type) == (
         ("ipv6_addr", "inet_proto", "inet_service", "ipv6_addr"), ("ipv6_addr", "ipv6_addr"))
 
@@ -252,19 +277,22 @@ def test_every_set_lookup_matches_the_key_its_set_is_declared_by(family: IPFamil
     """A concatenation in a rule and the set's declared key agree part by
     part (ip saddr . ip daddr for hairpin-endpoints, not the other way
     round): libnftables 1.1.x declares the set by exactly this expression."""
-    fragment = render_skeleton(family, replace(DEFAULT, nodeport_addresses=("primary",)), NODE)
+    config = replace(DEFAULT, nodeport_addresses=("primary",))
+    fragment = render_skeleton(family, config, NODE)
     lookups = _lookups(fragment)
     declared = sets(fragment)
-    # every set is used (the endpoints maps and the affinity set by the
-    # service ports' choosers)
-    by_ports = {n for n in declared if is_endpoints_map(n) or n == f"affinity:{AFFINITY}"}
-    assert {name for name, _ in lookups} == set(declared) - by_ports
+    # every set is used
+    assert {name for name, _ in lookups} == set(declared)
     for name, looked_up in lookups:
         assert _integers(looked_up) == _integers(typeof_key(declared[name].key)), name
-    shared_maps = ("vip-", "nodeport-e", "nodeport-local-e")
-    assert {name for name, _ in lookups if name.startswith(shared_maps)} == {
-        f"{kind}-{local}endpoints-{p}-a"
-        for kind in ("vip", "nodeport") for local in ("", "local-") for p in PROTOCOLS}
+    # so are the shared objects' maps, each by the chain of its bundle (and
+    # cluster-ips by the VIP choosers' masquerade rule, here of masqueradeAll)
+    shared = every_shared(family, replace(config, masquerade_all=True))
+    own = sets(shared)
+    assert {name for name, _ in _lookups(shared)} == set(own) | {"cluster-ips"}
+    for name, looked_up in _lookups(shared):
+        decl = own.get(name) or declared[name]
+        assert _integers(looked_up) == _integers(typeof_key(decl.key)), name
 
 
 def test_v2_sets_are_declared_by_typeof_on_libnftables_1_1() -> None:
@@ -282,21 +310,29 @@ def test_v2_sets_are_declared_by_typeof_on_libnftables_1_1() -> None:
     assert table.add_set(declared["firewall-allow"])["add"]["set"]["flags"] == ["interval"]
 
 
+def _references(fragment: Fragment) -> tuple[set[str], set[str]]:
+    """(the chains its rules jump or go to, the sets they name)."""
+    targets = {s[verb]["target"] for c in fragment.chains for r in c.rules for s in r.expr
+               for verb in ("jump", "goto") if verb in s}
+    text = repr(rules(fragment))
+    referenced = {w.strip("'\"@,]}") for w in text.split() if w.startswith(("'@", '"@'))}
+    return targets, referenced
+
+
 def test_every_jump_and_set_reference_resolves_inside_the_skeleton() -> None:
+    """And a shared object's inside the skeleton and its own bundle."""
     for family in (V4, V6):
         fragment = render_skeleton(family, DEFAULT, NODE)
-        chains = fragment.chain_names()
-        declared = {s.name for s in fragment.sets}
-        text = repr(rules(fragment))
-        for c in fragment.chains:
-            for r in c.rules:
-                for s in r.expr:
-                    for verb in ("jump", "goto"):
-                        if verb in s:
-                            assert s[verb]["target"] in chains
-        referenced = {w.strip("'\"@,]}") for w in text.split() if w.startswith(("'@", '"@'))}
-        assert referenced <= declared
+        targets, referenced = _references(fragment)
+        assert targets <= fragment.chain_names()
+        assert referenced <= {s.name for s in fragment.sets}
         assert referenced
+        made = choosers(family, replace(DEFAULT, masquerade_all=True), NODE)
+        for bundle in (made.vip(L4Protocol.TCP, 2), made.nodeport(L4Protocol.UDP, 2, local=True),
+                       made.external_local(nodeport=False), made.external_local(nodeport=True)):
+            targets, referenced = _references(Fragment(family, bundle.chains))
+            assert targets <= fragment.chain_names()
+            assert referenced <= {s.name for s in (*fragment.sets, *bundle.sets)}
 
 
 def test_service_cidrs_fill_the_interval_set() -> None:
@@ -335,8 +371,8 @@ def test_masquerade_bit_sets_the_mark_everywhere(bit: int, mark: int) -> None:
     fragment = render_skeleton(V4, replace(DEFAULT, masquerade_bit=bit), NODE)
     assert _mark_values(fragment) == {mark}
     assert chain_rules(fragment, "KUBE-MARK-MASQ") == [([mark_or(mark)], None)]
-    assert chain_rules(fragment, "KUBE-POSTROUTING")[:4] == [
-        *hairpin_rules("ip", mark), ([mark_and(mark, 0), {"return": None}], None)]
+    assert chain_rules(fragment, "KUBE-POSTROUTING")[:2] == [
+        hairpin_rule("ip", mark), ([mark_and(mark, 0), {"return": None}], None)]
 
 
 def test_tcp_be_liberal_removes_the_conntrack_invalid_drop() -> None:
@@ -352,7 +388,8 @@ def test_the_affinity_table_dispatches_after_the_main_table_with_its_own_objects
     KUBE-SERVICES looks their destinations up in its own dispatch maps with
     the main table's node-port address match (its own nodeport-ips, the
     same addresses), its KUBE-MARK-MASQ sets the configured bit, and the
-    shared affinity set is there only."""
+    shared affinity set (a shared object the ClientIP affinity ports use,
+    not the skeleton's) is there only."""
     config = replace(DEFAULT, nodeport_addresses=("primary",), masquerade_bit=5)
     fragment = render_skeleton(V4, config, NODE)
     chains = {c.name: c for c in fragment.chains}
@@ -368,19 +405,20 @@ def test_the_affinity_table_dispatches_after_the_main_table_with_its_own_objects
     declared = sets(fragment)
     assert declared["affinity:nodeport-ips"].elements == declared["nodeport-ips"].elements != ()
     assert chain_rules(fragment, "affinity:KUBE-MARK-MASQ") == [([mark_or(1 << 5)], None)]
-    assert [n for n in declared if n.endswith(AFFINITY)] == [f"affinity:{AFFINITY}"]
+    assert not any(n.endswith(AFFINITY) for n in declared)
+    affinity = choosers(V4, config, NODE).affinity()
+    assert [d.name for d in affinity.sets] == [f"affinity:{AFFINITY}"]
 
 
 # --- meta-test: every private renderer has a test ---------------------------------
 
 RENDERER_TESTS = {
     "_base_chains": "test_base_chains_hook_types_and_integer_priorities",
-    "_endpoints_maps": "test_ipv4_maps_and_sets_are_golden",
     "_affinity_set": "test_ipv4_maps_and_sets_are_golden",
     "_nodeport_address_match": "test_cidr_lists_select_node_ips",
     "_lookup_chains": "test_ipv4_skeleton_rules_are_golden",
     "_source_range_rule": "test_every_set_lookup_matches_the_key_its_set_is_declared_by",
-    "_hairpin_rules": "test_masquerade_bit_sets_the_mark_everywhere",
+    "_hairpin_rule": "test_masquerade_bit_sets_the_mark_everywhere",
     "_helper_chains": "test_tcp_be_liberal_removes_the_conntrack_invalid_drop",
     "_maps_and_sets": "test_ipv4_maps_and_sets_are_golden",
     "_by_destination": "test_ipv4_skeleton_rules_are_golden",

@@ -66,12 +66,11 @@ _BUILDERS: dict[str, Callable[[IPFamily], list[Any]]] = {
     "ct_state": lambda f: [expr.ct_state("new"), expr.ct_state("established", "related")],
     "dnat": lambda f: [expr.dnat("10.0.0.1" if f is V4 else "fd00::1", 8080)],
     "dnat_by_destination": lambda f: [
-        expr.dnat_by_destination(f, p, 3, f"vip-endpoints-{p.nft}-a") for p in L4Protocol
+        expr.dnat_by_destination(f, p, 3, f"vip-endpoints-{p.nft}") for p in L4Protocol
     ],
     "dnat_by_port": lambda f: [
-        expr.dnat_by_port(f, p, 3, f"nodeport-endpoints-{p.nft}-a") for p in L4Protocol
+        expr.dnat_by_port(f, p, 3, f"nodeport-endpoints-{p.nft}") for p in L4Protocol
     ],
-    "dnat_map": lambda f: [expr.dnat_map(f, (1139835961, 7), 3, "endpoints-tcp-a")],
     "drop": lambda f: [expr.drop()],
     "fib_local": lambda f: [expr.fib_local("saddr"), expr.fib_local("daddr")],
     "goto": lambda f: [expr.goto("C")],
@@ -366,10 +365,10 @@ def test_sample_trace_reads_like_kube_proxy(sample: Tables) -> None:
     # a cluster-IP-only port: the shared chooser stands in for its KUBE-SVC,
     # which the service-ips element's comment names
     assert web.paths[0].chains == ("KUBE-SVC-XRY76EGRC3BSCIIJ",)
-    assert web.paths[0].chooser == "dispatch-tcp-a-2"
+    assert web.paths[0].chooser == "dispatch-tcp-2"
     assert web.paths[0].endpoint is not None
     # the shared chooser DNATs; kube-proxy's KUBE-SEP name is in the element's comment
-    assert web.paths[0].endpoint.chain == "dispatch-tcp-a-2"
+    assert web.paths[0].endpoint.chain == "dispatch-tcp-2"
     assert web.paths[0].endpoint.identity == "KUBE-SEP-QRUEL26JRDPVFLID"
 
     hairpin = run(sample, make_packet("10.244.0.11", "10.96.0.10:80", Origin.POD, CONFIG))

@@ -56,17 +56,15 @@ def test_cluster_ip_from_the_files_without_root(capsys: pytest.CaptureFixture[st
     lines = out.splitlines()
     assert lines[0] == "192.168.50.2 -> 10.96.0.10:80/tcp from external  (table ip nftproxy)"
     # a cluster-IP-only port: its KUBE-SVC is named by the service-ips element
-    # that goes to the shared chooser standing in for it (the files' one full
-    # sync writes the goto; a partial sync's pick tree: test_trace_live.py)
+    # that goes to the shared chooser standing in for it
     assert lines[1] == ("  service demo/web:http: KUBE-SVC-XRY76EGRC3BSCIIJ "
-                        "(shared chooser dispatch-tcp-a-2)")
+                        "(shared chooser dispatch-tcp-2)")
     assert lines[2].split()[:3] == ["50.00%", "10.244.0.11:8080", "KUBE-SEP-QRUEL26JRDPVFLID"]
     assert "masqueraded: off-cluster source to a cluster IP" in lines[2]
     assert lines[3].split()[:2] == ["50.00%", "10.244.1.13:8080"]
     assert "  steps (shared by every path):" in lines
-    assert any("@service-ips: 10.96.0.10 . tcp . 80 : goto dispatch-tcp-a-2" in line
+    assert any("@service-ips: 10.96.0.10 . tcp . 80 : goto dispatch-tcp-2" in line
                and line.endswith("(demo/web:http KUBE-SVC-XRY76EGRC3BSCIIJ)") for line in lines)
-    assert not any("pick-vip-" in line for line in lines)
     assert any(line.startswith("  path 2 (50.00%, 10.244.1.13:8080):") for line in lines)
 
 

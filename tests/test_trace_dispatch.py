@@ -1,16 +1,16 @@
-"""`nftproxy trace` through ruleset v7's shared choosers, in kube-proxy's words.
+"""`nftproxy trace` through the shared choosers, in kube-proxy's words.
 
-A service port without affinity or an eTP=Local external destination, with
-1..64 endpoints at each destination, has no chain of its own: its cluster
-IP's `service-ips` element goes to `dispatch-<proto>-<g>-<N>` (comment
-"ns/svc:port KUBE-SVC-<h>"), which DNATs by `ip daddr . tcp dport . numgen
-random mod N map @vip-endpoints-<proto>-<g>`; its external IPs and LB VIPs
-go to the same chooser (comment "... KUBE-EXT-<h>"), its node port to
-`dispatch-nodeport-<proto>-<g>-<N>` (`tcp dport . numgen random mod N map
-@nodeport-endpoints-<proto>-<g>`), each external destination marked for
-masquerade by KUBE-SERVICES' / KUBE-NODEPORTS' lookup in `masquerade-vips`
-/ `masquerade-nodeports`. Aspects, on tables a full sync renders
-(FakeBackend):
+A service port without ClientIP affinity, whatever its endpoint count N,
+has no chain of its own: its cluster IP's `service-ips` element goes to
+`dispatch-<proto>-<N>` (comment "ns/svc:port KUBE-SVC-<h>"), which DNATs by
+`ip daddr . tcp dport . numgen random mod N map @vip-endpoints-<proto>`;
+its external IPs and LB VIPs (eTP=Cluster) go to the same chooser (comment
+"... KUBE-EXT-<h>"), its node port to `dispatch-nodeport-<proto>-<N>` (`tcp
+dport . numgen random mod N map @nodeport-endpoints-<proto>`), each
+external destination marked for masquerade by KUBE-SERVICES' /
+KUBE-NODEPORTS' lookup in `masquerade-vips` / `masquerade-nodeports`; an
+eTP=Local external destination through external-local / nodeport-local.
+Aspects, on tables a full sync renders (FakeBackend):
 - the path names the service port, the KUBE-SVC-<h> the element stands for
   (KUBE-SVL-<h> for internalTrafficPolicy=Local), the shared chooser
   (`chooser`, and the DNATing chain), each endpoint by its KUBE-SEP-<h>
@@ -19,28 +19,30 @@ masquerade by KUBE-SERVICES' / KUBE-NODEPORTS' lookup in `masquerade-vips`
 - masquerade through the shared chooser is attributed as kube-proxy's
   KUBE-SVC rule's: an off-cluster source, masqueradeAll, a pod's traffic
   kept;
-- a node-port service that keeps its chains (externalTrafficPolicy=Local:
+- a node-port service that keeps its chains (ClientIP affinity:
   KUBE-SVC/KUBE-EXT/KUBE-SVL) and a cluster-IP-only one coexist: each is
   traced through its own way, with no chooser named for the first;
-- an LB VIP, an external IP (dispatch-tcp-a-N) and a node port
-  (dispatch-nodeport-tcp-a-N) of an eTP=Cluster port: the path names the
+- an LB VIP, an external IP (dispatch-tcp-N) and a node port
+  (dispatch-nodeport-tcp-N) of an eTP=Cluster port: the path names the
   service port, KUBE-EXT-<h> and the shared chooser, each endpoint's
   KUBE-SEP-<h> with 1/N, in both families; the masquerade is KUBE-EXT's
   (every source, a pod's too), attributed to the KUBE-SERVICES /
   KUBE-NODEPORTS rule that looked the destination up, once (the
   chooser's own cluster-IP rule adds no reason); its cluster IP is still
-  traced as KUBE-SVC-<h>.
+  traced as KUBE-SVC-<h>;
+- a partial sync writes what a full sync writes: the table a partial sync
+  adds the services in lists and traces as the one a full sync builds.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
 import pytest
 from k8s import endpoint_slice, service
+from kernel import canonical
 from test_proxier import NODE, listed
 
 from nftproxy.agent.proxier import Proxier
@@ -75,8 +77,7 @@ def listings(
     objects: list[dict[str, Any]], config: ProxyConfig = CONFIG, *, partial: bool = False
 ) -> dict[str, Any]:
     """The tables one full sync of `objects` programs (fake kernel), per
-    family; `partial`: the full sync of none, then a partial sync adding
-    them (their shared destinations through the pick trees)."""
+    family; `partial`: the full sync of none, then a partial sync adding them."""
     backend = FakeBackend()
     backend.start()
     proxier = Proxier(config, backend)
@@ -128,17 +129,17 @@ def test_a_cluster_ip_only_port_is_traced_through_its_shared_chooser(family: str
     assert result.endpoints() == {format_address(ip, 80): Fraction(1, 3) for ip in EPS[family]}
     assert {p.service for p in result.paths} == {"ns/web:http"}
     assert {p.chains for p in result.paths} == {(names.service_chain(WEB),)}
-    assert {p.chooser for p in result.paths} == {"dispatch-tcp-a-3"}
-    assert {p.endpoint.chain for p in result.paths if p.endpoint} == {"dispatch-tcp-a-3"}
+    assert {p.chooser for p in result.paths} == {"dispatch-tcp-3"}
+    assert {p.endpoint.chain for p in result.paths if p.endpoint} == {"dispatch-tcp-3"}
     assert {p.endpoint.identity for p in result.paths if p.endpoint} == _seps(WEB, EPS[family])
 
     lines = render_text(result).splitlines()
     assert lines[1] == (f"  service ns/web:http: {names.service_chain(WEB)} "
-                        "(shared chooser dispatch-tcp-a-3)")
+                        "(shared chooser dispatch-tcp-3)")
     assert {tuple(line.split()[:3]) for line in lines[2:5]} == {
         ("33.33%", format_address(ip, 80), names.endpoint_chain(WEB, Endpoint(ip, 80)))
         for ip in EPS[family]}
-    assert result.to_json()["paths"][0]["chooser"] == "dispatch-tcp-a-3"
+    assert result.to_json()["paths"][0]["chooser"] == "dispatch-tcp-3"
 
 
 def test_masquerade_through_the_shared_chooser_is_attributed() -> None:
@@ -155,7 +156,7 @@ def test_masquerade_through_the_shared_chooser_is_attributed() -> None:
     every = run(listings(cluster(), config), "10.244.0.12", VIPS["ip"], Origin.POD)
     assert {(p.masquerade, p.reasons) for p in every.paths} == {
         (True, ("masqueradeAll: all traffic to the cluster IP is masqueraded",))}
-    assert {p.chooser for p in every.paths} == {"dispatch-tcp-a-3"}
+    assert {p.chooser for p in every.paths} == {"dispatch-tcp-3"}
 
 
 def test_internal_traffic_policy_local_names_kube_svl() -> None:
@@ -164,7 +165,7 @@ def test_internal_traffic_policy_local_names_kube_svl() -> None:
     local = EPS["ip"][:2]  # the endpoints on this node
     assert result.endpoints() == {f"{ip}:80": Fraction(1, 2) for ip in local}
     assert {(p.service, p.chains, p.chooser) for p in result.paths} == {
-        ("ns/web:http", (names.local_chain(WEB),), "dispatch-tcp-a-2")}
+        ("ns/web:http", (names.local_chain(WEB),), "dispatch-tcp-2")}
     assert {p.endpoint.identity for p in result.paths if p.endpoint} == _seps(WEB, local)
 
 
@@ -172,7 +173,7 @@ def test_a_node_port_service_and_a_cluster_ip_only_one_coexist() -> None:
     tables = listings(cluster(node_port=True, affinity=True))
     web = run(tables, "192.168.1.2", VIPS["ip"], Origin.EXTERNAL)
     assert {(p.chains, p.chooser) for p in web.paths} == {
-        ((names.service_chain(WEB),), "dispatch-tcp-a-3")}
+        ((names.service_chain(WEB),), "dispatch-tcp-3")}
     np = run(tables, "192.168.1.2", NP_VIPS["ip"], Origin.EXTERNAL)
     assert {(p.service, p.chains, p.chooser) for p in np.paths} == {
         ("ns/np:http", (names.service_chain(NP),), "")}
@@ -224,7 +225,7 @@ def test_an_external_destination_is_traced_through_its_shared_chooser(
     tables = listings(shared_lb())
     dst, port = {"lb": (INGRESS[family], 80), "external-ip": (EXTERNAL_IPS[family], 80),
                  "node-port": (NODE_IPS[family], 30090)}[kind]
-    chooser = "dispatch-nodeport-tcp-a-3" if kind == "node-port" else "dispatch-tcp-a-3"
+    chooser = "dispatch-nodeport-tcp-3" if kind == "node-port" else "dispatch-tcp-3"
     result = run(tables, CLIENTS[family], dst, Origin.EXTERNAL, port=port)
     assert result.endpoints() == {format_address(ip, 80): Fraction(1, 3) for ip in EPS[family]}
     assert {(p.service, p.chains, p.chooser) for p in result.paths} == {
@@ -251,28 +252,28 @@ def test_kube_ext_marks_a_pods_traffic_too_and_the_cluster_ip_stays_kube_svc() -
     cip = run(tables, "10.244.0.12", LB_VIPS["ip"], Origin.POD)
     others = [p for p in cip.paths if p.endpoint and p.endpoint.address != "10.244.0.12"]
     assert {(p.chains, p.chooser, p.masquerade, p.reasons) for p in others} == {
-        ((names.service_chain(LB),), "dispatch-tcp-a-3", False, ("not marked for masquerade",))}
+        ((names.service_chain(LB),), "dispatch-tcp-3", False, ("not marked for masquerade",))}
 
 
 def test_an_etp_local_port_beside_a_shared_etp_cluster_one() -> None:
     """Both go through shared chains (v8): np's node port through
-    nodeport-local-a to the chooser of its two local endpoints, named as
+    nodeport-local to the chooser of its two local endpoints, named as
     kube-proxy's KUBE-EXT -> KUBE-SVL."""
     tables = listings([*shared_lb(), *cluster(node_port=True, etp="Local")])
     local = run(tables, CLIENTS["ip"], NODE_IPS["ip"], Origin.EXTERNAL, port=30080)
     assert {(p.service, p.chains, p.chooser) for p in local.paths} == {
         ("ns/np:http", (names.external_chain(NP), names.local_chain(NP)),
-         "dispatch-nodeport-local-tcp-a-2")}
+         "dispatch-nodeport-local-tcp-2")}
     assert local.endpoints() == {f"{ip}:80": Fraction(1, 2) for ip in EPS["ip"][:2]}
     assert {(p.masquerade, p.reasons) for p in local.paths} == {
         (False, ("externalTrafficPolicy=Local: the client's address is kept",))}
     shared = run(tables, CLIENTS["ip"], NODE_IPS["ip"], Origin.EXTERNAL, port=30090)
     assert {(p.service, p.chains, p.chooser) for p in shared.paths} == {
-        ("ns/lb:http", (names.external_chain(LB),), "dispatch-nodeport-tcp-a-3")}
+        ("ns/lb:http", (names.external_chain(LB),), "dispatch-nodeport-tcp-3")}
     assert {(p.masquerade, p.reasons) for p in shared.paths} == {(True, (NODEPORT_MARK,))}
     json_path = shared.to_json()["paths"][0]
     assert (json_path["chooser"], json_path["chains"]) == (
-        "dispatch-nodeport-tcp-a-3", [names.external_chain(LB)])
+        "dispatch-nodeport-tcp-3", [names.external_chain(LB)])
 
 
 # --- eTP=Local external destinations through external-local (ruleset v8) ---------------
@@ -295,7 +296,7 @@ def test_an_etp_local_vip_keeps_the_clients_address_and_picks_a_local_endpoint(
     for vip in (INGRESS[family], EXTERNAL_IPS[family]):
         result = run(tables, CLIENTS[family], vip, Origin.EXTERNAL)
         assert {(p.chains, p.chooser, p.masquerade) for p in result.paths} == {
-            ((names.external_chain(LB), names.local_chain(LB)), "dispatch-local-tcp-a-2", False)}
+            ((names.external_chain(LB), names.local_chain(LB)), "dispatch-local-tcp-2", False)}
         assert result.endpoints() == {
             format_address(ip, 80): Fraction(1, 2) for ip in EPS[family][:2]}
 
@@ -308,7 +309,7 @@ def test_pods_and_the_node_reach_every_endpoint_of_an_etp_local_vip() -> None:
     pod = run(tables, "10.244.0.12", INGRESS["ip"], Origin.POD)
     assert pod.endpoints() == every
     assert {(p.chains, p.chooser) for p in pod.paths} == {
-        ((names.external_chain(LB), names.service_chain(LB)), "dispatch-tcp-a-3")}
+        ((names.external_chain(LB), names.service_chain(LB)), "dispatch-tcp-3")}
     assert all(not p.masquerade for p in pod.paths if p.endpoint.address != "10.244.0.12")
     node = run(tables, NODE_IPS["ip"], INGRESS["ip"], Origin.NODE)
     assert node.endpoints() == every
@@ -328,31 +329,22 @@ def test_with_masquerade_all_pod_traffic_to_an_etp_local_vip_is_not_marked() -> 
     assert all(p.masquerade for p in cip.paths)
 
 
-_TREE_NODE = re.compile(r"pick-(?:vip|nodeport)-a-[01]+")
-"""A pick tree's chain below its root (the root is every packet's way on
-when service-ips has no goto for it)."""
-
-
 @pytest.mark.parametrize("family", ["ip", "ip6"])
-def test_a_partial_syncs_pick_trees_trace_as_a_full_syncs_gotos(family: str) -> None:
-    """A full sync sends each shared destination to its chooser by a goto;
-    a partial sync by `continue` and the pick tree. Traced, every
-    destination has the same paths (endpoints, chances, service, KUBE-*
-    identities, masquerade and its reasons), from outside and from the node;
-    only the steps differ: the partial sync's go down the tree."""
+def test_a_partial_syncs_table_traces_as_a_full_syncs(family: str) -> None:
+    """A partial sync writes each shared destination as a full sync does, a
+    goto to its chooser, adding the choosers with their first user: the
+    tables list the same content, and every destination traces the same
+    (paths, steps, endpoints, chances, KUBE-* identities, masquerade and
+    its reasons), from outside and from the node."""
     objects = [*cluster(node_port=True, etp="Cluster"), *shared_lb()]
     full, partial = listings(objects), listings(objects, partial=True)
+    assert canonical(partial[family]) == canonical(full[family])
     destinations = [(VIPS[family], 80), (NP_VIPS[family], 80), (LB_VIPS[family], 80),
                     (INGRESS[family], 80), (EXTERNAL_IPS[family], 80),
                     (NODE_IPS[family], 30080), (NODE_IPS[family], 30090)]
     for origin, src in ((Origin.EXTERNAL, CLIENTS[family]), (Origin.NODE, NODE_IPS[family])):
         for dst, port in destinations:
-            by_goto = run(full, src, dst, origin, port=port)
-            by_tree = run(partial, src, dst, origin, port=port)
-            assert by_goto.endpoints() and len(by_goto.paths) == 3, (origin, dst, port)
-            assert [replace(p, steps=()) for p in by_tree.paths] == [
-                replace(p, steps=()) for p in by_goto.paths], (origin, dst, port)
-            for result, down_the_tree in ((by_goto, False), (by_tree, True)):
-                chains = {s.chain for p in result.paths for s in p.steps}
-                assert any(_TREE_NODE.fullmatch(c) for c in chains) == down_the_tree
-
+            by_full = run(full, src, dst, origin, port=port)
+            by_partial = run(partial, src, dst, origin, port=port)
+            assert by_full.endpoints() and len(by_full.paths) == 3, (origin, dst, port)
+            assert by_partial.paths == by_full.paths, (origin, dst, port)

@@ -2,14 +2,14 @@
 
 Aspects (kernel tests: a namespace with the sample programmed by `nftproxy
 sync` and a route out, so the namespace's own packets reach the output hook;
-the two tracing tests also after partial syncs re-added demo/dns and
-demo/web-np, whose destinations then go through the pick trees):
+the two tracing tests also after partial syncs deleted demo/dns and
+demo/web-np and added them again -- and with them the shared choosers
+and maps only they use, e.g. dispatch-udp-3 and vip-endpoints-udp):
 - the node's own UDP datagram to a ClusterIP is reported rule by rule in
   trace's vocabulary (hook, chain #rule, the rule as nft prints it, the
   verdict) with its outcome (DNAT target, masquerade): by the goto to the
-  shared chooser after a full sync, down the pick tree after a partial
-  one; the command stops after --count packets, and the table is exactly
-  as before;
+  shared chooser, whichever sync wrote it; the command stops after
+  --count packets, and the table is exactly as before;
 - a TCP SYN of the node's own to the node port of a port with shared
   choosers (demo/web-np, eTP=Cluster) shows the `masquerade-nodeports`
   element KUBE-NODEPORTS #1 matched and the `service-nodeports` element,
@@ -131,7 +131,7 @@ def _readd_by_partial_syncs(ns: str, services: tuple[str, ...]) -> None:
 @pytest.fixture(params=["full", "partial"])
 def synced_by(node: str, request: pytest.FixtureRequest) -> tuple[str, str]:
     """(`node`, how demo/dns and demo/web-np were last written): by the
-    full sync, or by partial syncs (their destinations through the pick trees)."""
+    full sync, or by partial syncs (which write the same)."""
     how: str = request.param
     if how == "partial":
         _readd_by_partial_syncs(node, ("dns", "web-np"))
@@ -180,7 +180,7 @@ def _send_udp(ns: str) -> None:
 def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(
     synced_by: tuple[str, str],
 ) -> None:
-    node, how = synced_by
+    node, _ = synced_by
     before = _without_handles(_table(node))
     proc = _tracer(node, "--count", "1", "--timeout", "30")
     _wait_for_chains(node, proc)
@@ -191,22 +191,15 @@ def test_live_trace_reports_the_kernels_path_and_leaves_the_table_as_it_was(
     assert lines[0].startswith("tracing 192.168.50.1 -> 10.96.0.53:53/udp in table ip nftproxy")
     assert lines[1].startswith("packet 1 (trace id ")
     # demo/dns is reached only at its cluster IP: the shared chooser for three
-    # endpoints stands in for its KUBE-SVC, which the service-ips element names;
-    # after a full sync the element is the goto to the chooser; after a
-    # partial one `continue`, and the pick tree leads to the chooser
+    # endpoints stands in for its KUBE-SVC, which the service-ips element
+    # names; the element is the goto to the chooser, whichever sync wrote it
     # (KUBE-SERVICES #1 marks the external destinations of shared choosers)
-    verdict = "continue" if how == "partial" else "goto dispatch-udp-a-3"
     assert any(line.split()[:3] == ["output", "KUBE-SERVICES", "#2"] and
-               f"@service-ips: 10.96.0.53 . udp . 53 : {verdict}" in line and
+               "@service-ips: 10.96.0.53 . udp . 53 : goto dispatch-udp-3" in line and
                line.endswith("(demo/dns:dns KUBE-SVC-IXHL676EY46F5RLS)") for line in lines), out
-    through_tree = [any(line.split()[:3] == ["output", "KUBE-SERVICES", "#3"] and
-                        "=> jump pick-vip-a" in line for line in lines),
-                    any(line.split()[1].startswith("pick-vip-a-") and
-                        "=> goto dispatch-udp-a-3" in line for line in lines)]
-    assert through_tree == [how == "partial"] * 2, out
     assert any("dnat to 10.244." in line and "=> accept" in line for line in lines), out
-    assert any(line.split()[:3] == ["output", "dispatch-udp-a-3", "#2"] and
-               "@vip-endpoints-udp-a: 10.96.0.53 . 53 . " in line and
+    assert any(line.split()[:3] == ["output", "dispatch-udp-3", "#2"] and
+               "@vip-endpoints-udp: 10.96.0.53 . 53 . " in line and
                "KUBE-SEP-" in line for line in lines), out
     assert any("masquerade fully-random  => accept" in line for line in lines), out
     summary = next(line for line in lines if line.startswith("  packet 1: "))
@@ -232,7 +225,7 @@ def _connect_tcp(ns: str, addr: str, port: int) -> None:
 def test_live_trace_names_kube_ext_of_a_node_port_with_a_shared_chooser(
     synced_by: tuple[str, str],
 ) -> None:
-    node, how = synced_by
+    node, _ = synced_by
     proc = _tracer(node, "--count", "1", "--timeout", "30", target="192.168.50.1:30080/tcp")
     _wait_for_chains(node, proc)
     _connect_tcp(node, "192.168.50.1", 30080)
@@ -240,21 +233,16 @@ def test_live_trace_names_kube_ext_of_a_node_port_with_a_shared_chooser(
     assert proc.returncode == 0, err
     lines = out.splitlines()
     # demo/web-np (eTP=Cluster): KUBE-NODEPORTS #1 marks it as its KUBE-EXT
-    # would, the service-nodeports element goes to the shared chooser (after
-    # a partial sync: on to the pick tree, which goes to it)
+    # would, the service-nodeports element goes to the shared chooser
     ext = names.external_chain(ServicePortName("demo", "web-np", "http", L4Protocol.TCP))
     assert any(line.split()[:3] == ["output", "KUBE-NODEPORTS", "#1"] and
                "@masquerade-nodeports: tcp . 30080" in line and
                line.endswith(f"(demo/web-np:http {ext})") for line in lines), out
-    verdict = "continue" if how == "partial" else "goto dispatch-nodeport-tcp-a-3"
     assert any(line.split()[:3] == ["output", "KUBE-NODEPORTS", "#2"] and
-               f"@service-nodeports: tcp . 30080 : {verdict}" in line and
+               "@service-nodeports: tcp . 30080 : goto dispatch-nodeport-tcp-3" in line and
                line.endswith(f"(demo/web-np:http {ext})") for line in lines), out
-    assert any(line.split()[1].startswith("pick-nodeport-a-") and
-               "=> goto dispatch-nodeport-tcp-a-3" in line for line in lines) == (
-        how == "partial"), out
-    assert any(line.split()[1].startswith("dispatch-nodeport-tcp-a-") and
-               "@nodeport-endpoints-tcp-a: 30080 . " in line and "KUBE-SEP-" in line
+    assert any(line.split()[1] == "dispatch-nodeport-tcp-3" and
+               "@nodeport-endpoints-tcp: 30080 . " in line and "KUBE-SEP-" in line
                for line in lines), out
     summary = next(line for line in lines if line.startswith("  packet 1: "))
     assert summary.startswith("  packet 1: accepted, DNAT to 10.244.") and summary.endswith(

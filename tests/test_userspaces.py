@@ -39,8 +39,9 @@ from nftproxy.core.model import IPFamily, NodeInfo
 from nftproxy.core.nft.listing import TableListing, list_family_objects
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import TableState, stage_full
+from nftproxy.core.rules.dispatch import is_choosers_map, is_indexed_map
 from nftproxy.core.rules.fragment import Fragment, SetDecl, kernel_name
-from nftproxy.core.rules.skeleton import generation_of, is_endpoints_map, render_skeleton
+from nftproxy.core.rules.skeleton import render_skeleton
 from nftproxy.kernel.fake import FakeBackend
 from nftproxy.kernel.libnftables import NftBackend
 from nftproxy.tools.dry_run import proxier_from_files
@@ -125,23 +126,23 @@ def test_every_set_and_map_of_the_sample_is_declared_by_typeof_on_1_1() -> None:
     assert kinds >= {
         (True, ()), (False, ()), (False, ("interval",)), (False, ("dynamic", "timeout"))}
     assert all(isinstance(d["type"], dict) and "typeof" in d["type"] for d in decls)
-    # data maps: the endpoints maps' shards, the vip-endpoints and
-    # nodeport-endpoints maps (v7) and their local ones (v8); verdict maps:
-    # the skeleton's, and the eTP=Local destinations' choosers maps (v8)
+    # data maps: the maps the shared choosers pick from; verdict maps: the
+    # skeleton's and the eTP=Local destinations' choosers maps -- each
+    # shared one only in the family where a port of the sample uses it
     verdict_maps = [d for d in decls if d.get("map") == {"typeof": {"accept": None}}]
     data_maps = [d for d in decls if "map" in d and d not in verdict_maps]
-    assert all(generation_of(d["name"]) is not None for d in data_maps)
-    choosers = sorted(d["name"] for d in verdict_maps if generation_of(d["name"]) is not None)
-    assert choosers == sorted(2 * [f"{where}-{which}-choosers-a" for where in (
-        "external", "nodeport") for which in ("cluster", "local")])
     assert all("typeof" in d["map"] for d in data_maps)
-    endpoints = [d for d in data_maps if is_endpoints_map(d["name"])]
-    # 3 protocols x 32 shards a family
-    assert len(endpoints) == 2 * 96
-    shared = [d["name"] for d in data_maps if not is_endpoints_map(d["name"])]
-    assert sorted(shared) == sorted(2 * [
-        f"{kind}-{local}endpoints-{p}-a"
-        for kind in ("vip", "nodeport") for local in ("", "local-") for p in PROTOCOLS])
+    assert all(is_indexed_map(d["name"]) for d in data_maps)
+    choosers = sorted((d["family"], d["name"]) for d in verdict_maps
+                      if is_choosers_map(d["name"]))
+    assert choosers == sorted(("ip", f"{where}-{which}-choosers") for where in (
+        "external", "nodeport") for which in ("cluster", "local"))  # demo/web-local
+    assert sorted((d["family"], d["name"]) for d in data_maps) == sorted([
+        ("ip", "vip-endpoints-tcp"), ("ip", "vip-endpoints-udp"),
+        ("ip", "vip-local-endpoints-tcp"), ("ip", "nodeport-endpoints-tcp"),
+        ("ip", "nodeport-local-endpoints-tcp"),
+        ("ip6", "vip-endpoints-tcp"), ("ip6", "nodeport-endpoints-tcp"),
+    ])
 
 
 # --- the planner in each dialect --------------------------------------------
@@ -179,8 +180,9 @@ def fake11() -> Iterator[FakeBackend]:
 def test_1_1_redeclares_sets_listed_by_datatype_once(fake11: FakeBackend) -> None:
     assert _full_sync(fake11, typeof=False) == []  # as nftproxy declared before
     redeclared = _full_sync(fake11, typeof=True)
-    # all but the endpoints maps and the affinity set, which only nft text
-    # declared (typeof, on 1.1 too)
+    # all but those only nft text declared (an integer key: typeof, on 1.1
+    # too); the maps the choosers pick from are no skeleton's, they come
+    # with the ports that use them
     by_datatype = [kernel_name(s.name) for s in _skeleton().sets if not s.text_only]
     assert sorted(redeclared) == sorted(by_datatype)
     assert _full_sync(fake11, typeof=True) == []  # now listed by typeof: kept
@@ -307,7 +309,8 @@ def _listings(us: Userspace, ns: str) -> tuple[str, str, str]:
 def _old_declarations() -> tuple[str, str]:
     """nftproxy's transaction as 1.0.6 sends it, which declares by datatype:
     the --dry-run plan (a 1.0.6-dialect fake), one JSON command a line -- its
-    nft text declarations (the endpoints maps) apart, and the JSON."""
+    nft text declarations (the maps and set with an integer key: the
+    choosers' endpoints maps, the affinity set) apart, and the JSON."""
     plan = subprocess.run(
         [sys.executable, "-m", "nftproxy", "sync", "--dry-run", "--json", "--source", SAMPLE],
         capture_output=True, text=True, check=True, cwd=REPO,

@@ -24,17 +24,15 @@ we never made is there), else `foreign_commit` (our chains and sets are
 intact; a flush, a rule or element change, or a commit to another table --
 the listing cannot tell them apart, so everything is rewritten).
 
-Why this and not a listing, nor a full sync every syncPeriod (medians from
-bench/drift_check.py, libnftables 1.0.6, kernel 6.18, 2 shared vCPUs;
-benchlib's service mix with 3 endpoints each; 1,000 / 10,000 services):
-reading the generation costs 0.03 / 0.03 ms. Listing the chains and sets
-(`list_table_objects`) costs 17 / 386 ms and would see a deleted table or
-chain, never a flushed one. Counting rules needs the rules, and 1.0.6
-fetches and decodes every chain of the namespace to list any: a terse
-`list chain` costs 8 / 211 ms for ONE chain (several `list chain` in one
-batch fail on 1.0.6), a terse `list table` 307 / 5,163 ms. A full sync
-costs 727 / 11,542 ms; the repair (notice, list, rewrite) 747 / 11,997 ms.
-So the gate is the generation: free while nobody else touches nftables,
+Why this and not a listing, nor a full sync every syncPeriod
+(bench/probes/drift_check.py measures each): reading the generation is one
+netlink request whatever the ruleset's size. Listing the chains and sets
+(`list_table_objects`) grows with the ruleset and would see a deleted table
+or chain, never a flushed one. Counting rules needs the rules, and 1.0.6
+fetches and decodes every chain of the namespace to list any: even a terse
+`list chain` of ONE chain costs a good part of a full sync at scale
+(several `list chain` in one batch fail on 1.0.6). So the gate is the
+generation: free while nobody else touches nftables,
 and complete (it sees every change, flushes included). When another
 process did commit, the repair is a full sync, at most one per syncPeriod:
 checking rules first would cost half of that full sync again at 10,000
@@ -110,11 +108,10 @@ class DriftWatch:
     def committing_steps(self) -> Iterator[None]:
         """Wrap the commits of a full sync in steps (each in `committing`,
         from any thread, all done when the block ends): the generation is
-        read once, after them, refused or not, instead of before each. Only
-        the last step's reading counted (each one replaced the one before),
-        and in a pipelined sync every reading waited for the interpreter
-        lock in the commit thread: ~4 ms, 0.2 s of a 10k x 10 first sync's
-        chain of commits (bench/RESULTS.md, "Fourteenth pass")."""
+        read once, after them, refused or not, instead of before each: only
+        the last step's reading would count (each replaces the one before),
+        and in a pipelined sync every reading waits for the interpreter lock
+        in the commit thread, which lengthens the chain of commits."""
         if self._period is None:
             yield
             return

@@ -1,37 +1,37 @@
 """The one place a sync's effect on process-wide state is decided.
 
-Layer: agent (imports the kernel's malloc helpers). One job: the
+Layer: agent. One job: the
 `HeapPolicy` the Proxier calls around a sync, so the sync itself never
 touches the garbage collector, malloc or the interpreter's thread switching:
 
 - `building(full)` brackets render, stage and commit. A full sync
   allocates millions of acyclic objects, and the collections they trigger
-  cost ~40% of the render time at 10,000 services (measured 5.2 s -> 3.4
-  s): the cyclic GC is paused until the full sync has committed, and what
-  it built is frozen before the GC resumes (else those millions sit in the
-  youngest generation, and its next collection scans them all: 256 ms at
-  10k). And the interpreter's switch interval drops from 5 ms to
-  `SWITCH_INTERVAL` meanwhile: a full sync in steps hands the GIL between
-  its threads (render ahead, staging, the commit waiting on libnftables)
-  at every step, and each handoff waited up to an interval while the other
-  threads held the GIL (10k x 10 on 1.1.3, in-process: the sync 4.5-4.9 s
-  with 5 ms, 3.7-4.2 s with 0.5-1 ms; bench/RESULTS.md).
+  would take a large share of the render time: the cyclic GC is paused
+  until the full sync has committed, and what it built is frozen before
+  the GC resumes (else those millions sit in the youngest generation, and
+  its next collection scans them all). And the interpreter's switch
+  interval drops from its default 5 ms to `SWITCH_INTERVAL` meanwhile: a
+  full sync in steps hands the GIL between its threads (render ahead,
+  staging, the commit waiting on libnftables) at every step, and each
+  handoff would wait up to an interval while the other threads hold the
+  GIL.
 - `bulk()` brackets anything else that makes a large batch of long-lived
   objects: the agent wraps every complete list from the API server in it
   (cluster/kube.py `listing`). Without it the oldest generation's full
-  collections ran ten times during the initial list at 10k x 10, 20 ms
-  growing to 200 ms: ~1 s of a 9 s cold start. Brackets may overlap (the
-  informers list in parallel threads): the GC resumes when the last ends.
+  collections run again and again during the initial list, each longer
+  than the last. Brackets may overlap (the informers list in parallel
+  threads): the GC resumes when the last ends.
 - `settled(full)` after the sync's hooks, so the time it takes is not part
   of any change's programming latency. The state a sync leaves is
   long-lived: freeze it, so the GC stops re-scanning it. Without this, the
   records every partial sync replaces pile up in the oldest generation,
-  whose full collections ran every ~3 s under 100 endpoint changes/s at
-  10k x 10 and took 55 ms growing to 150 ms within 20 s (one in three churn
-  syncs; bench/RESULTS.md). After a full sync: unfreeze, collect
-  everything once (frozen cyclic garbage lives at most until then: the
-  hourly full sync), freeze, and hand freed heap back to the OS
-  (malloc_trim, where the backend's libc has it).
+  whose full collections then land in churn syncs and grow with the
+  cluster. After a full sync: unfreeze, collect everything once (frozen
+  cyclic garbage lives at most until then: the hourly full sync), freeze,
+  and hand freed heap back to the OS (malloc_trim, where the backend's
+  libc has it).
+
+What each of these saves is in bench/RESULTS.md, "What moved the numbers".
 
 `NoHeapPolicy` touches nothing (tests, one-shot `sync`, the default).
 """

@@ -389,14 +389,13 @@ class Proxier:
         """Step 2 (pure)."""
         out: dict[IPFamily, RenderedFamily] = {}
         for family, inp in snapshot.families.items():
-            generation = self._families[family].table.generation
             if snapshot.full:
                 out[family] = render_full(
-                    inp.state, self.config, snapshot.node, snapshot.service_cidrs, generation
+                    inp.state, self.config, snapshot.node, snapshot.service_cidrs
                 )
             else:
                 out[family] = render_changed(
-                    inp.state, self.config, snapshot.node, inp.update.updated, generation
+                    inp.state, self.config, snapshot.node, inp.update.updated
                 )
         return out
 

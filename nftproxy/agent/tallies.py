@@ -12,8 +12,8 @@ ones a sync touched -- without reading the whole maps on every sync:
   `local_ready_endpoints` merged over the families (the later family's port
   wins, the larger count wins), which a full sync recomputes (`rebuild`) and
   a partial sync updates for the ports it applied (`update`): O(changed).
-  Only the ports that need a health server keep their local IPs (10,000
-  services with local endpoints: ~4 MB otherwise), and the endpoint ports
+  Only the ports that need a health server keep their local IPs (keeping
+  every port's would cost memory at every size), and the endpoint ports
   their Service lacks (a slice's port name the Service does not have):
   kube-proxy counts a served service's local endpoints over every port of
   its endpoints, and such a port is no port of the Service to tell whether

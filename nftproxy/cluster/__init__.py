@@ -7,10 +7,9 @@ election, informer and utils modules, and `kubernetes/config/__init__.py`
 the kubeconfig loader, which imports requests, requests-oauthlib and
 oauthlib. The agent needs the client, its exceptions, the in-cluster
 loader, and the kubeconfig loader only off-cluster (cluster/kube.py
-imports it when used). Measured (kubernetes 37.0.2, Python 3.11; the
-agent's imports for `run`, configured in-cluster): 209 modules, 6.4 MB of
-RSS and ~45 ms fewer (bench/RESULTS.md, twenty-first pass). Every module
-here takes a kubernetes name from the module defining it.
+imports it when used), so skipping the rest shortens the start and lowers
+its memory (bench/RESULTS.md, "What moved the numbers"). Every module here
+takes a kubernetes name from the module defining it.
 """
 
 from nftproxy.bare_packages import register

@@ -16,8 +16,8 @@ error -> on 410 Gone (an ERROR event with code 410, or an HTTP 410), list
 again, exactly once, and deliver the difference: deletes, adds, and updates
 only for objects that really changed.
 
-Recovery after an outage (retry.py): a failed request waits 0.8 s
-doubling to 30 s, jittered, starting over at every success; while there is
+Recovery after an outage (retry.py): a failed request waits on client-go's
+reflector backoff, jittered, starting over at every success; while there is
 no answer at all (refused, reset, timed out) the wait is capped at
 `unreachable_max` (1 s), so an informer resumes within about a second of
 the server listening again. A 410 re-lists at once; only a loop of 410s or
@@ -25,16 +25,17 @@ of watches that end at once backs off. One WARNING per outage, one INFO
 when it ends; an outage whose cause the source knows (`Unreachable`) is the
 source's one ERROR instead.
 
-Why raw JSON, not the client's models or `watch.Watch` (measured on
-kubernetes 37.0.2, docs/nft-python-notes.md section 5): the pydantic
-models cost 8-10x the time and 2-3.5x the memory of `json.loads`;
+Why raw JSON, not the client's models or `watch.Watch` (kubernetes 37.0.2,
+docs/nft-python-notes.md section 5): the pydantic models cost several times
+the time and memory of `json.loads`;
 `Watch(deserialize=False)` never advances its resourceVersion and raises
 KeyError on ERROR events; `Watch()` retries a 410 with the same
 resourceVersion; `SharedInformer` sends no bookmarks, has no read timeout
 and re-delivers every object after a re-list. So requests go through
 cluster/rest.py (the client's ApiClient, not its pydantic-validated API
-methods, whose first calls cost +25 MB and 0.6 s) and return the urllib3
-response, and this module parses the newline-delimited events itself.
+methods, whose first calls cost memory and time the agent has no use for)
+and return the urllib3 response, and this module parses the
+newline-delimited events itself.
 
 Delivered objects are stripped to what the proxier reads (`strip_object`):
 metadata keeps name, namespace, uid, labels, deletionTimestamp and only the
@@ -47,9 +48,9 @@ delivered last for that key (for a metadata-only resource, EndpointSlices:
 its kind, apiVersion and metadata).
 
 The store keeps each stripped object packed as canonical JSON bytes
-(cluster/store.py: ~17 MB instead of ~86 MB as dicts at 10,000 Services x
-10 endpoints), and of an EndpointSlice (`Resource.metadata_only`) only a
-digest of that form and its head; a change is a difference of stored forms. Only what is
+(cluster/store.py: a fraction of what the same objects take as dicts),
+and of an EndpointSlice (`Resource.metadata_only`) only a digest of that
+form and its head; a change is a difference of stored forms. Only what is
 delivered is decoded: `previous`, a re-list's changes as the callback reads
 them, and the read-only Mapping view of the store `deliver` is given. The
 first list is delivered page by page as it arrives (500 objects at a time,
@@ -60,8 +61,8 @@ first sync, and no list-long buffer of packed objects.
 Known limits: a list or watch request that has not yet received its
 response headers cannot be interrupted by `abort()` (the bounded connect and
 read timeouts apply); a server whose address drops packets (no refusal) is
-found again by the kernel's SYN retransmits within the 10 s connect timeout
-(after 1, 3, 7 s), not within a second; there is no periodic re-list (the
+found again only by the kernel's SYN retransmits, within the connect
+timeout, not within a second; there is no periodic re-list (the
 proxier's full sync plays that role); the watch-list mode
 (`sendInitialEvents`) is not used.
 """

@@ -140,7 +140,7 @@ def from_config(kubeconfig: str | None = None) -> Any:
             pass
     if not in_cluster:
         # imported only here: the loader brings requests, requests-oauthlib and
-        # oauthlib (~6 MB), which a pod, configured in-cluster, never needs
+        # oauthlib, whose memory a pod, configured in-cluster, never needs
         from kubernetes.config import kube_config
 
         load: Any = kube_config.load_kube_config  # untyped
@@ -321,11 +321,10 @@ class KubeSource:
         then on_synced(kind) after the first list -- once this Node's first
         list is in too (`_await_node`). One batch (a page of a first list,
         a re-list's difference, a watch event) at a time across the
-        informers: two first lists
-        delivered at once alternate object by object on the handler's locks
-        (the Proxier's, the runner's, the metrics'), which cost ~4 s of a
-        45,000-service start on Python 3.11 (bench/RESULTS.md, fifteenth
-        pass)."""
+        informers: two first lists delivered at once would alternate object
+        by object on the handler's locks (the Proxier's, the runner's, the
+        metrics'), which slows a large start (bench/RESULTS.md, "What moved
+        the numbers")."""
 
         def deliver(changes: Sequence[Change], store: Mapping[str, Obj], first: bool) -> None:
             fn = method()

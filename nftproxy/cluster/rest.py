@@ -10,11 +10,9 @@ without calling them.
 Why: in kubernetes 37 every generated API method is wrapped in pydantic's
 `validate_call(defer_build=True)`, and its first call builds a validator
 for the method's signature and imports the models that signature names.
-Measured against the fake API server (kubernetes 37.0.2, Python 3.11): the
-four list methods the informers use cost +25.5 MB of RSS and 0.60 s on
-their first calls; the same four requests sent here cost +0.0 MB and
-0.14 s. The agent makes no other use of the generated classes, so this is
-the ~21 MB the API source cost over the file source at 1,000 services.
+The agent makes no other use of the generated classes, so sending the
+requests here saves all of that memory and start time (bench/RESULTS.md,
+"What moved the numbers").
 
 Callers: cluster/informer.py (list and watch), cluster/kube_events.py
 (create and patch Events). Needs kubernetes >= 37 (`param_serialize`).

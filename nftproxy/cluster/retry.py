@@ -25,8 +25,8 @@ a second of the API server:
     schedule, so a struggling server is not hammered -- but `Retry-After`
     is obeyed (the API server sends `Retry-After: 1` with 429 while its
     watch cache initialises after a restart), and a server that answers
-    errors after an outage starts at 0.8 s, not where the outage's streak
-    had got to.
+    errors after an outage starts at the schedule's first step, not where
+    the outage's streak had got to.
 A round without progress -- a 410, or a watch that ended at once with no
 event -- goes on at once the first time (so 410 means exactly one re-list,
 right away); a loop of them (a 410 right after the re-list, a server that

@@ -14,21 +14,19 @@ order, and "did this object change?" is a comparison of bytes; ASCII
 included -- packs without error. Decoded objects (`unpack`) are equal to
 the packed ones, with their keys in sorted order.
 
-Why (measured at 10,000 Services x 10 endpoints, stripped as the informer
-strips them; numbers in bench/RESULTS.md): the two stores hold ~86 MB of
-RSS as dicts, ~17 MB packed; packing an object takes ~7 us, decoding one
-~3-5 us. zlib on top halves the bytes again but doubles the packing time,
-and marshal or pickle (after sorting keys) save a fifth for more time; so
-plain canonical JSON.
+Why: packed, the two stores take a fraction of the memory they take as
+dicts, and packing or decoding one object costs microseconds
+(bench/RESULTS.md, "What moved the numbers"). zlib on top halves the bytes
+again but doubles the packing time, and marshal or pickle (after sorting
+keys) save a fifth for more time; so plain canonical JSON.
 
 Metadata only (`PackedStore(metadata_only=True)`, EndpointSlices): the
 store keeps, of each object, a digest of its packed form (16 bytes of
 BLAKE2b: "did it change?" stays a comparison of bytes) and its kind,
 apiVersion and metadata packed; the previous object it gives back (a delete,
 an update's `previous`, `view`) is that head. The proxier reads only the
-name, namespace and labels of a slice it is told is gone. At 10,000
-Services x 10 endpoints a slice packs to ~1 KB, its digest and head to ~170
-bytes.
+name, namespace and labels of a slice it is told is gone, and a digest
+and head are a small part of a slice's packed form.
 
 Not thread-safe: one thread writes a store (the informer's); readers of
 `view` run in that thread (its `deliver` callback).

@@ -2,9 +2,9 @@
 
 Layer: core (pure). One job: the value the trackers and the health tally
 hand out as "the whole map as of this sync". Snapshots must not see later
-changes, so a change used to copy the whole dict first: at 10,000 services
-every partial sync copied four 10,000-entry dicts, ~0.3 ms each on a
-loaded agent (each copy increfs 20,000 objects spread over the heap).
+changes, and copying the whole dict at each change would make every partial
+sync cost in proportion to the cluster (each copy increfs every entry,
+spread over the heap).
 
 `PersistentMap` keeps its entries in SHARDS dicts by key hash. `edit()`
 returns a `MapEdit` that copies a shard at its first change; `done()` gives

@@ -4,11 +4,7 @@ Layer: core, above rules and nft (pure). One job: the render step of a sync. Giv
 and endpoints maps of one family (a `StateSnapshot`), the node and the
 config, render the skeleton plus one fragment per service port (full), or
 only the fragments of the service ports a sync updated (partial; None for a
-port that is gone). A full render sends every shared destination to its
-chooser by a goto element; a partial one through the pick trees
-(rules/picks.py), whose plain elements a commit adds without the kernel
-re-validating the table, until the next full sync turns them back.
-Alongside, per rendered port, whether its internal and external traffic
+port that is gone). Alongside, per rendered port, whether its internal and external traffic
 policies left it without a local endpoint (the
 sync_proxy_rules_no_local_endpoints_total gauge): a value, kept by the caller.
 """
@@ -24,7 +20,7 @@ from nftproxy.core.nft.plan import SKELETON, Owner
 from nftproxy.core.rules.detect import local_detector
 from nftproxy.core.rules.fragment import Fragment
 from nftproxy.core.rules.service import RenderContext, render_service_port
-from nftproxy.core.rules.skeleton import GENERATIONS, render_skeleton
+from nftproxy.core.rules.skeleton import choosers, render_skeleton
 from nftproxy.core.tracker import StateSnapshot
 
 __all__ = [
@@ -61,11 +57,9 @@ class RenderedFamily:
         return {owner: f for owner, f in self.fragments.items() if f is not None}
 
 
-def _context(
-    family: IPFamily, config: ProxyConfig, node: NodeInfo, generation: str, pick_trees: bool
-) -> RenderContext:
+def _context(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> RenderContext:
     detector = local_detector(family, config, node)
-    return RenderContext(family, config, node, detector, generation, pick_trees)
+    return RenderContext(family, config, node, detector, choosers(family, config, node))
 
 
 def _render_ports(
@@ -89,16 +83,14 @@ def render_full(
     config: ProxyConfig,
     node: NodeInfo,
     service_cidrs: Iterable[str],
-    generation: str = GENERATIONS[0],
 ) -> RenderedFamily:
-    """The whole table of `state.family`: skeleton first, then every port
-    (`generation`: of the endpoints maps, skeleton.GENERATIONS)."""
+    """The whole table of `state.family`: skeleton first, then every port."""
     family = state.family
     cidrs = tuple(c for c in service_cidrs if family_of(c) is family)
     fragments: dict[Owner, Fragment | None] = {
-        SKELETON: render_skeleton(family, config, node, cidrs, generation)
+        SKELETON: render_skeleton(family, config, node, cidrs)
     }
-    ctx = _context(family, config, node, generation, pick_trees=False)
+    ctx = _context(family, config, node)
     # Sorted: the persistent map iterates in hash order, which varies per process.
     ports, no_local = _render_ports(state, ctx, sorted(state.services))
     fragments.update(ports)
@@ -110,14 +102,13 @@ def render_skeleton_only(
     config: ProxyConfig,
     node: NodeInfo,
     service_cidrs: Iterable[str],
-    generation: str = GENERATIONS[0],
 ) -> RenderedFamily:
     """The skeleton of `state.family`'s table alone (a full render whose
     ports come later, chunk by chunk, as `render_changed`)."""
     family = state.family
     cidrs = tuple(c for c in service_cidrs if family_of(c) is family)
     fragments: dict[Owner, Fragment | None] = {
-        SKELETON: render_skeleton(family, config, node, cidrs, generation)
+        SKELETON: render_skeleton(family, config, node, cidrs)
     }
     return RenderedFamily(family, True, fragments)
 
@@ -125,8 +116,7 @@ def render_skeleton_only(
 MAX_CHUNKS = 50
 """At most this many chunks: each one pays a little for the whole table built
 so far (the kernel's validation, libnftables' cache), so their count, not
-only their size, sets the time (5,000 x 50: 50 chunks of 5,000 endpoints
-32.6 s, 125 chunks of 2,000 43.0 s; bench/RESULTS.md)."""
+only their size, sets the time."""
 
 
 def chunks(
@@ -158,14 +148,9 @@ def render_changed(
     config: ProxyConfig,
     node: NodeInfo,
     updated: Iterable[ServicePortName],
-    generation: str = GENERATIONS[0],
-    *,
-    pick_trees: bool = True,
 ) -> RenderedFamily:
-    """The fragments of the `updated` ports only (sorted; None: gone): a
-    partial sync's, whose shared destinations go through the pick trees
-    (`pick_trees`; a full sync's chunks go to their choosers by goto)."""
-    ctx = _context(state.family, config, node, generation, pick_trees)
+    """The fragments of the `updated` ports only (sorted; None: gone)."""
+    ctx = _context(state.family, config, node)
     fragments, no_local = _render_ports(state, ctx, sorted(updated))
     return RenderedFamily(state.family, False, fragments, no_local)
 
@@ -176,17 +161,14 @@ def render_fresh(
     node: NodeInfo,
     service_cidrs: Iterable[str],
     min_endpoints: int,
-    generation: str = GENERATIONS[0],
 ) -> Iterator[dict[IPFamily, RenderedFamily]]:
     """A full sync as steps, each one transaction: the skeletons, then the
     service ports in `chunks` (both families' fragments of a port in the
     same step). Lazy: a step is rendered when it is taken."""
     cidrs = tuple(service_cidrs)
-    yield {f: render_skeleton_only(s, config, node, cidrs, generation) for f, s in states.items()}
+    yield {f: render_skeleton_only(s, config, node, cidrs) for f, s in states.items()}
     for chunk in chunks(states.values(), min_endpoints):
         yield {
-            f: render_changed(
-                s, config, node, chunk & s.services.keys(), generation, pick_trees=False
-            )
+            f: render_changed(s, config, node, chunk & s.services.keys())
             for f, s in states.items()
         }

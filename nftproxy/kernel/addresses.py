@@ -22,18 +22,15 @@ changed": the socket is drained and the addresses are read again in full, so
 nothing is parsed from events and a lost event cannot leave a stale value.
 A reading equal to the last one is not handed on.
 
-Why events (measured on kernel 6.18, pyroute2 0.9.7, 2 shared vCPUs;
-`test_costs_of_reading_and_of_events` in tests/test_addresses_kernel.py
-prints them): a reading costs ~0.4 ms with 5 addresses, ~3.5 ms with 100,
-~30 ms with 1,000 (pyroute2 parses ~30 us per address); an address added is
-handed on 1 ms later with 5 addresses (3.5 ms / 28 ms with 100 / 1,000: one
-reading); while nothing changes the watch costs nothing (a thread blocked
-in select; the process used 0.1 ms of CPU in 2 s idle). A periodic check
-would cost a reading per period whether or not anything changed, and reach
-the rules up to a period late: re-reading on every sync adds a reading to
-every sync (30 ms at 1,000 addresses, where a partial sync at 1,000
-services costs ~20 ms, bench/README_TABLE.md) and still waits up to
-syncPeriod (30 s) when nothing else changes; events reach the rules within
+Why events (`test_costs_of_reading_and_of_events` in
+tests/test_addresses_kernel.py prints what each costs): a reading grows
+with the node's addresses (pyroute2 parses each one); an address added is
+handed on one reading later; while nothing changes the watch costs nothing
+(a thread blocked in select). A periodic check would cost a reading per
+period whether or not anything changed, and reach the rules up to a period
+late: re-reading on every sync adds a reading to every sync (with a
+thousand addresses, more than a partial sync itself costs) and still waits
+up to syncPeriod when nothing else changes; events reach the rules within
 minSyncPeriod. The price is one thread and one socket.
 Pods coming and going add IPv6 link-local addresses on host veths, so
 events come with pod churn too: each costs one reading, and the Proxier

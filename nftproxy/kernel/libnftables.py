@@ -17,30 +17,28 @@ that serves every call over a queue:
   context belongs to the network namespace of the *thread* that created it
   (docs/nft-python-notes.md §1). With `netns=` the worker enters that
   namespace first and never leaves it; the rest of the process stays put;
-- long-lived, because freeing a context costs 12-19 ms and a new one must
+- long-lived, because freeing a context is slow and a new one must
   re-fetch its cache (nft-incremental-notes.md "Recommendation" 1);
-- echo stays off (it costs a second per large transaction); JSON output on.
+- echo stays off (it doubles the output of a large transaction); JSON output on.
 Full syncs of a large cluster may use `commit(..., fresh=True)`: a temporary
 context on the same worker, freed right after, then `malloc_trim(0)` -- its
-cache holds hundreds of MB (docs/architecture.md; docs/nft-python-notes.md §2 "Memory").
+cache is large (docs/nft-python-notes.md §2 "Memory").
 
-Listing on 1.0.6 (measured, 10k chains + 20k rules + a 10k-element map):
-`list table` 330-410 ms; `list tables` ~200 ms (it fetches everything);
-JSON `list chains/sets/maps` honour "family" but ignore "table" (we filter),
-except that `list sets` with a missing "table" fails with ENOENT, which is
-how `list_table_objects` detects a missing table; with the *terse* output
-flag, sets and maps come without elements and their listing costs < 1 ms,
-so one batch [sets(table), maps, chains] costs ~30 ms (the chains dominate).
-Several list commands in one batch print one JSON document each.
+Listing on 1.0.6: `list tables` fetches everything; JSON `list
+chains/sets/maps` honour "family" but ignore "table" (we filter), except
+that `list sets` with a missing "table" fails with ENOENT, which is how
+`list_table_objects` detects a missing table; with the *terse* output
+flag, sets and maps come without elements (their elements are not even
+fetched), so one batch [sets(table), maps, chains] costs what its chains
+cost. Several list commands in one batch print one JSON document each.
 
 Transactions go in nft's own syntax where all their commands have one
 (core/nft/nfttext.py; a set declaration has none, so such a transaction
-goes in JSON): libnftables parses and evaluates it in less time (a first
-sync at 10,000 x 10: 0.6 s less of its 2.6-3.5 s on 1.1.3). A transaction
-refused in nft syntax is sent again in JSON, whose refusal is the one
-raised; if the JSON is taken instead, the backend sends JSON from then on
-(a name that is one of nft's keywords, such as `mark`, cannot be written
-in nft's syntax, which has no quoting for names).
+goes in JSON): libnftables parses and evaluates it in less time
+(bench/RESULTS.md, "What moved the numbers"). A refused transaction is sent
+once, in whichever syntax it was written: the errno in its text types the
+error either way, and a table name nft's syntax cannot say (one of its
+keywords, such as `mark`) is refused at start-up.
 
 Known limits:
 - command_index is None for kernel errors (libnftables 1.0.6 names no
@@ -92,6 +90,8 @@ FAMILIES = ("ip", "ip6")
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD = 512 * 1024
+_TRIM_THRESHOLD = 256 * 1024 * 1024
 
 
 def tune_malloc() -> bool:
@@ -99,22 +99,17 @@ def tune_malloc() -> bool:
 
     Call once at startup, *before* any context exists: the thresholds only
     steer later allocations, and the context's cache is what must land in
-    memory glibc can hand back. Measured with 1.0.6 at 10k services
-    (nft-python-notes.md §2 "Memory"): RSS was 997 MB after one full
-    transaction and still 268 MB after malloc_trim(0). Fixing
-    M_MMAP_THRESHOLD keeps big buffers (the transaction text, output
-    buffers) in mmap, which free() returns at once -- the default threshold
-    grows after the first big free and then keeps them on the heap;
-    M_TRIM_THRESHOLD 256 MiB stops glibc from trimming the heap top on every
-    free between syncs (explicit malloc_trim(0) after full syncs still
-    works). nft-incremental-notes.md "Recommendation" 5 (4 MiB there; the
-    unit may set the same values with GLIBC_TUNABLES instead). The threshold
-    is 512 KiB since a full sync's steps overlap (agent/chunked.py): two
-    steps' JSON texts, ~0.7 MB each at 10k x 10, are alive at once, and on
-    the heap they left it fragmented (steady RSS after a first start, 1.1.3,
-    five runs: 149.6-152.9 -> 148.6-149.9 MB at 10k x 10, 181-182 -> 176-177
-    MB at 5k x 50; bench/RESULTS.md). Returns False if this libc has no
-    mallopt or refused a value.
+    memory glibc can hand back (nft-python-notes.md §2 "Memory": without
+    this, most of a full transaction's memory stays after malloc_trim(0)).
+    A fixed `_MMAP_THRESHOLD` keeps big buffers (the transaction text,
+    output buffers) in mmap, which free() returns at once -- the default
+    threshold grows after the first big free and then keeps them on the
+    heap; it is small enough for the texts of a full sync's overlapping
+    steps (agent/chunked.py), which fragmented the heap. `_TRIM_THRESHOLD`
+    stops glibc from trimming the heap top on every free between syncs
+    (explicit malloc_trim(0) after full syncs still works). The unit may
+    set the same values with GLIBC_TUNABLES instead. Returns False if this
+    libc has no mallopt or refused a value.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -123,8 +118,8 @@ def tune_malloc() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    ok_mmap: bool = mallopt(_M_MMAP_THRESHOLD, 512 * 1024) == 1
-    ok_trim: bool = mallopt(_M_TRIM_THRESHOLD, 256 * 1024 * 1024) == 1
+    ok_mmap: bool = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
+    ok_trim: bool = mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1
     return ok_mmap and ok_trim
 
 
@@ -140,7 +135,7 @@ def malloc_trim() -> None:
 def _new_context() -> Any:
     """A libnftables context for the calling thread's netns: JSON out, no echo."""
     try:
-        import nftables  # Debian python3-nftables (docs/architecture.md)
+        import nftables  # Debian's python3-nftables (docs/userspaces.md)
     except ImportError as exc:
         raise NftUnavailable("python module 'nftables' (python3-nftables) not found") from exc
     try:
@@ -227,8 +222,7 @@ def _accepts_typeof(ctx: Any) -> bool:
 
 def _run_terse(ctx: Any, text: str) -> tuple[int, str, str]:
     """Run with the terse flag: sets and maps are listed without elements
-    (and, on 1.0.6, their elements are not even fetched: < 1 ms vs 100 ms
-    for a 10k-element map)."""
+    (and, on 1.0.6, their elements are not even fetched)."""
     ctx.set_terse_output(True)
     try:
         return _run(ctx, text)
@@ -338,21 +332,10 @@ class NftBackend(_netns.WorkerOwner[Any]):
         if text.startswith("{"):
             self._create_marked(commands)
         rc, err = self._send(text, fresh=fresh)
-        if rc != 0 and not text.startswith("{"):
-            # The JSON decides what a refusal is (its errors are the typed
-            # ones); if it is taken, nft's syntax is what failed (a table
-            # name that is one of nft's keywords): JSON from now on.
-            rc, err_json = self._send(transaction_text(commands, head=METAINFO), fresh=fresh)
-            if rc == 0:
-                self._nft_syntax = False
-                first = (err.strip().splitlines() or ["?"])[0]
-                _log.warning(
-                    "libnftables refused in nft syntax a transaction it takes in JSON; "
-                    "sending JSON from now on: %s", first
-                )
-            err = err_json
         if rc != 0:
-            raise rejection(err.strip(), commands, first_index=1)
+            # A refusal is sent once: its errno text types it in either syntax
+            # (table names nft's syntax cannot say are refused at start-up).
+            raise rejection(err.strip(), commands, first_index=1 if text.startswith("{") else 0)
 
     def _create_marked(self, commands: Sequence[Mapping[str, Any]]) -> None:
         """Create, in nft's syntax, the tables `commands` add with a comment

@@ -186,7 +186,7 @@ class Worker(Generic[R]):
 
     For kernel handles bound to the namespace of the thread that opened them
     and unsafe to share between threads: a libnftables context (nft.backend)
-    and pyroute2 conntrack sockets (conntrack). `open_resource` runs on the
+    and the conntrack socket (conntrack). `open_resource` runs on the
     worker after it entered `netns` (None: stay in the caller's namespace);
     its exception -- wrapped by `wrap_error` -- is raised from start().
     `close_resource` runs on the worker when it stops.

@@ -9,8 +9,8 @@ an exact, cheap test of "nobody else has touched nftables here since"
 (agent/drift.py). Caller: kernel/libnftables.py `NftBackend.generation`,
 which runs it on its worker thread, inside the backend's namespace.
 
-Cost: one socket, one request, one answer: 0.03 ms (bench/drift_check.py),
-whatever the size of the ruleset. libnftables has no call for it (it reads
+Cost: one socket, one request, one answer, whatever the size of the
+ruleset (bench/probes/drift_check.py). libnftables has no call for it (it reads
 the generation internally, to validate its cache, and never reports it).
 
 Known limits: the counter is 32 bits and skips 0 when it wraps

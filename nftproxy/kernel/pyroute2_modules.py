@@ -1,12 +1,12 @@
 """pyroute2's modules, imported without the package's __init__.
 
 Layer: kernel (edge; imports only nftproxy/bare_packages.py). One job: import the
-pyroute2 modules the agent uses -- `module("pyroute2.conntrack")` -- without
+pyroute2 modules the agent uses -- `module("pyroute2.iproute")` -- without
 running `pyroute2/__init__.py`, which imports every module of the library
 (IPDB, NDB, IPVS, nl80211, WireGuard, Plan 9, ...) to export their names:
-10.7 MB of RSS and ~90 ms for an agent that opens conntrack and rtnetlink
-sockets, whose modules alone take 5.3 MB and ~50 ms (pyroute2 0.9.7,
-Python 3.11; bench/RESULTS.md, twentieth pass).
+far more memory and import time than the modules an agent that opens
+conntrack and rtnetlink sockets needs (bench/RESULTS.md, "What moved the
+numbers").
 
 How: the package is registered without being executed
 (nftproxy/bare_packages.py), so importing a submodule loads only what that

@@ -13,7 +13,7 @@ serving/configz.py).
 
 Names (upstream-nftables-notes.md §3.2), namespace `kubeproxy`:
 sync_proxy_rules_duration_seconds, sync_full_proxy_rules_duration_seconds,
-sync_partial_proxy_rules_duration_seconds (buckets 1 ms x 2^i, 15),
+sync_partial_proxy_rules_duration_seconds (buckets `SYNC_BUCKETS`),
 sync_proxy_rules_last_timestamp_seconds,
 sync_proxy_rules_last_queued_timestamp_seconds,
 network_programming_duration_seconds,
@@ -78,9 +78,9 @@ SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
 
 NETWORK_PROGRAMMING_BUCKETS = (
     0.25, 0.5,
-    *range(1, 60),  # 1 s .. 59 s
-    *range(60, 120, 5),  # 60 s .. 115 s
-    *range(120, 301, 30),  # 2 min .. 5 min
+    *range(1, 60),  # every second below a minute
+    *range(60, 120, 5),  # every fifth second below two
+    *range(120, 301, 30),  # every half minute up to five
 )
 """kube-proxy's network_programming_duration_seconds buckets."""
 

@@ -362,7 +362,7 @@ def _kube_source(
     port that cannot be bound (about the Service), a refused sync (about
     this Node), an invalid field skipped (about the object it is in).
     `listing` brackets each complete list (the agent's heap policy)."""
-    try:  # imported lazily: the kubernetes client costs ~0.5 s to import
+    try:  # imported lazily: the kubernetes client is slow to import, and a file needs none
         from nftproxy.cluster.kube import KubeSource, from_config
         from nftproxy.cluster.kube_events import EventRecorder
     except ImportError as exc:

@@ -231,7 +231,7 @@ class Result:
 
 def describe(result: Result, sandbox: Addresses) -> tuple[str, str]:
     """(outcome, source): e.g. ("web-0: 11  web-2: 9", "masqueraded (10.244.0.1)")
-    or ("refused in 1 ms x3 (reject)", "")."""
+    or ("refused in <t> ms x3 (reject)", "")."""
     if result.skipped and not result.attempts:
         return result.skipped, ""
     attempts = result.attempts

@@ -8,36 +8,31 @@ sets, per service port, with the port's KUBE-FW-<h>), each endpoint with its
 KUBE-SEP-<h> and the probability KUBE-SVC/SVL gives it (dump_endpoints.py
 reads the chooser: the inline numgen cascade of a port with ClientIP
 affinity, or the shared endpoints map, each endpoint 1/N) -- and rule
-counters where present. A port whose destinations go to shared choosers
-(ruleset v7) has no chain of its own: its cluster IP's, external IPs' and
-LB VIPs' `service-ips` elements go to `dispatch-<proto>-<g>-<N>` (comment
-"ns/svc:port KUBE-SVC-<h>", KUBE-SVL-<h> for iTP=Local, KUBE-EXT-<h> for
-an external destination), its node port's `service-nodeports` element to
-`dispatch-nodeport-<proto>-<g>-<N>` (KUBE-EXT-<h>). Each destination's
-endpoints are the chooser's elements for it (`vip-endpoints-<proto>-<g>`
-keyed by the VIP, `nodeport-endpoints-<proto>-<g>` by the node port),
-listed in `dispatched`. An eTP=Local port's external destination (ruleset
-v8) goes to the shared `external-local-<g>` / `nodeport-local-<g>` chain
-(KUBE-EXT-<h>), and its choosers are the elements of the
-`*-cluster-choosers-<g>` (KUBE-SVC-<h>) and `*-local-choosers-<g>`
-(KUBE-SVL-<h>) maps, listed in `dispatched` too. A port with ClientIP
-affinity (ruleset v9) keeps its chains in the affinity table
+counters where present. A port without ClientIP affinity has no chain of
+its own: its cluster IP's, external IPs' and LB VIPs' `service-ips`
+elements go to `dispatch-<proto>-<N>` (comment "ns/svc:port
+KUBE-SVC-<h>", KUBE-SVL-<h> for iTP=Local, KUBE-EXT-<h> for an external
+destination), its node port's `service-nodeports` element to
+`dispatch-nodeport-<proto>-<N>` (KUBE-EXT-<h>). Each destination's
+endpoints are the chooser's elements for it (`vip-endpoints-<proto>` keyed
+by the VIP, `nodeport-endpoints-<proto>` by the node port), listed in
+`dispatched`. An eTP=Local port's external destination goes to the shared
+`external-local` / `nodeport-local` chain (KUBE-EXT-<h>), and its choosers
+are the elements of the `*-cluster-choosers` (KUBE-SVC-<h>) and
+`*-local-choosers` (KUBE-SVL-<h>) maps, listed in `dispatched` too. A port
+with ClientIP affinity keeps its chains in the affinity table
 (`nftproxy-affinity`; core/nft/listing.py `list_family` reads both tables
 as one): its destinations are `accept` elements of the main table's maps,
 read through the same keys of the affinity table's `affinity:service-ips`
-/ `affinity:service-nodeports`. The view shows a shared port
-as one with chains: the
-KUBE-SVC/SVL/EXT-<h> the elements name (`chains`, `chooser` naming the
-first dispatch chain), its externalTrafficPolicy, the endpoints
-(`endpoints`: KUBE-SVC's, which KUBE-EXT goes to; `local_endpoints`:
-KUBE-SVL's). It needs no nftproxy process:
-everything is recovered from the table (element comments name the service
-port; chain names are recomputed hashes; kube-proxy's KUBE-SEP / KUBE-FW
-names, no chains in ruleset v2, come from the comments of the DNAT rules
-and of the `firewall-vips` elements, or of the endpoints map's elements).
-A ruleset v1 table (KUBE-SEP and
-KUBE-FW chains, written by an older nftproxy) is not read for endpoints or
-source ranges; the view says so (`notice`) until a full sync replaces it.
+/ `affinity:service-nodeports`. The view shows a shared port as one with
+chains: the KUBE-SVC/SVL/EXT-<h> the elements name (`chains`, `chooser`
+naming the first dispatch chain), its externalTrafficPolicy, the
+endpoints (`endpoints`: KUBE-SVC's, which KUBE-EXT goes to;
+`local_endpoints`: KUBE-SVL's). It needs no nftproxy process: everything
+is recovered from the table (element comments name the service port;
+chain names are recomputed hashes; kube-proxy's KUBE-SEP / KUBE-FW names
+come from the comments of the endpoints maps' elements or cascade rules,
+and of the `firewall-vips` elements).
 Addresses: the text brackets an IPv6 address wherever a port follows
 ("[fd00:96::10]:80"); the JSON keeps address and port as separate fields
 (VIPs, endpoints and no-endpoint entries alike).
@@ -51,7 +46,7 @@ from typing import Any
 
 from nftproxy.core.convert.names import printable
 from nftproxy.core.model import L4Protocol, ServicePortName
-from nftproxy.core.rules import dispatch, names, picks
+from nftproxy.core.rules import dispatch, names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.fragment import affinity_table_name
 from nftproxy.core.trace.identity import EXTERNAL, FIREWALL, LOCAL, chooser, identity, split
@@ -120,8 +115,6 @@ class TableView:
     chains: int
     rules: int
     elements: int
-    notice: str = ""
-    """Why part of the table is not shown (a ruleset v1 table), or ""."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,48 +144,9 @@ def _affinity_table_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
     return {_key_text(key): verdict for key, _, verdict in map(elem_parts, elems)}
 
 
-_PICKED = frozenset({sk.SERVICE_IPS, sk.SERVICE_NODEPORTS})
-
-
-def _picked_verdicts(parsed: Listing, set_name: str) -> dict[str, Any]:
-    """Where the pick tree sends each destination of `set_name` (ruleset
-    v10: after a partial sync, a shared port's `service-ips` /
-    `service-nodeports` element is `continue`; its count is in the bit
-    sets, its generation in the root
-    map: rules/picks.py), as the goto it stands for, by key."""
-    nodeport = set_name == sk.SERVICE_NODEPORTS
-    root = parsed.sets.get(picks.root_map(nodeport=nodeport), {}).get("elem", [])
-    generation = next(
-        (sk.chain_generation(_target(v).split()[-1]) for _, _, v in map(elem_parts, root)), None
-    )
-    if generation is None:
-        return {}
-    members = parsed.sets.get(picks.shared_set(generation, nodeport=nodeport), {})
-    members = members.get("elem", [])
-    named = (
-        picks.count_bit_set(b, generation, nodeport=nodeport)
-        for b in range(picks.COUNT_BITS)
-    )
-    bits = [
-        {_key_text(elem_parts(e)[0]) for e in parsed.sets.get(name, {}).get("elem", [])}
-        for name in named
-    ]
-    leaf = dispatch.nodeport_dispatch_chain if nodeport else dispatch.dispatch_chain
-    out: dict[str, Any] = {}
-    for key, _, _ in map(elem_parts, members):
-        text = _key_text(key)
-        count = picks.count_of([b for b, keys in enumerate(bits) if text in keys])
-        try:
-            protocol = L4Protocol(str(key[0 if nodeport else 1]).upper())
-        except ValueError:
-            continue
-        out[text] = {"goto": {"target": leaf(protocol, generation, count)}}
-    return out
-
-
 def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]:
     views: dict[tuple[str, str], ServiceView] = {}
-    choosers = [name for name in parsed.sets if sk.is_choosers_map(name)]
+    choosers = [name for name in parsed.sets if dispatch.is_choosers_map(name)]
     for set_name in (
         sk.SERVICE_IPS,
         sk.SERVICE_NODEPORTS,
@@ -201,15 +155,12 @@ def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]
         *choosers,
     ):
         aside = _affinity_table_verdicts(parsed, set_name)
-        picked = _picked_verdicts(parsed, set_name) if set_name in _PICKED else {}
         for elem in parsed.sets.get(set_name, {}).get("elem", []):
             key, comment, verdict = elem_parts(elem)
             if not comment:
                 continue
             if _target(verdict) == "accept":
                 verdict = aside.get(_key_text(key), verdict)
-            elif _target(verdict) == "continue":
-                verdict = picked.get(_key_text(key), verdict)
             tag = chooser(comment)
             label = split(comment)[1] if tag else comment
             proto = key[1] if len(key) == 3 else key[0]
@@ -218,10 +169,10 @@ def _collect(parsed: Listing, family: str) -> dict[tuple[str, str], ServiceView]
                 HostPort(str(key[0]), int(key[2])) if len(key) == 3 else HostPort("", int(key[1]))
             )
             target = _target(verdict).split()[-1]
-            if sk.chain_generation(target) is not None and tag:
+            if dispatch.is_shared_chain(target) and tag:
                 shared = Dispatched(where.address, where.port, target, tag)
                 parsed.shared.setdefault((label, proto), []).append(shared)
-            if sk.is_choosers_map(set_name):
+            if dispatch.is_choosers_map(set_name):
                 continue  # an eTP=Local destination's chooser: its VIP is listed already
             if set_name == sk.SERVICE_IPS:
                 view.vips.append(where)
@@ -256,7 +207,7 @@ def _own_chains(view: ServiceView, spn: ServicePortName, parsed: Listing) -> Non
         local = any("fib" in str(r.get("expr")) for r in ext)
         view.policies["externalTrafficPolicy"] = "Local" if local else "Cluster"
     for chain in (names.service_chain(spn), names.local_chain(spn)):
-        timeout = _affinity_timeout(parsed.chains.get(chain, []), parsed)
+        timeout = _affinity_timeout(parsed.chains.get(chain, []))
         if timeout is not None:
             view.affinity_timeout = timeout
 
@@ -276,11 +227,11 @@ def _shared_chooser(view: ServiceView, parsed: Listing) -> None:
         d.endpoints = cascade(parsed.chains.get(d.chooser, []), parsed, d)
         if d.identity.startswith(LOCAL):
             view.local_endpoints = view.local_endpoints or d.endpoints
-        elif not sk.is_external_local_chain(d.chooser):
+        elif not dispatch.is_external_local_chain(d.chooser):
             view.endpoints = view.endpoints or d.endpoints
     external = [d for d in found if d.identity.startswith(EXTERNAL)]
     if external:
-        local = any(sk.is_external_local_chain(d.chooser) for d in external)
+        local = any(dispatch.is_external_local_chain(d.chooser) for d in external)
         view.policies["externalTrafficPolicy"] = "Local" if local else "Cluster"
     tags = sorted({d.identity for d in found}, key=lambda t: _CHAIN_ORDER.index(t[:9]))
     view.chains = [*tags, *(c for c in view.chains if c not in tags)]
@@ -292,11 +243,10 @@ _CHAIN_ORDER = ("KUBE-SVC-", "KUBE-SVL-", EXTERNAL)
 """The order a port's own chains are shown in (`_own_chains`)."""
 
 
-def _affinity_timeout(rules: Sequence[Mapping[str, Any]], parsed: Listing) -> int | None:
+def _affinity_timeout(rules: Sequence[Mapping[str, Any]]) -> int | None:
     """A chooser's ClientIP affinity timeout: that of the element its rules
-    add or refresh (ruleset v4: `update @affinity { ip saddr . K1 . K2
-    timeout T }`), else of the set they update (v3: a set per endpoint,
-    `update @KUBE-SEP-<h>-affinity { ip saddr }`); None without affinity."""
+    add or refresh (`update @affinity { ip saddr . K1 . K2 timeout T }`);
+    None without affinity."""
     for rule in rules:
         for e in rule.get("expr", []):
             update = e.get("set") if isinstance(e, Mapping) else None
@@ -305,9 +255,6 @@ def _affinity_timeout(rules: Sequence[Mapping[str, Any]], parsed: Listing) -> in
             elem = update.get("elem")
             inner = elem.get("elem") if isinstance(elem, Mapping) else None
             timeout = inner.get("timeout") if isinstance(inner, Mapping) else None
-            if timeout is None:
-                name = str(update.get("set", "")).removeprefix("@")
-                timeout = parsed.sets.get(name, {}).get("timeout")
             if isinstance(timeout, int) and is_index(timeout, 2**32):
                 return timeout
     return None
@@ -346,16 +293,6 @@ def _range_text(r: Any) -> str:
     return str(r)
 
 
-def _v1_notice(parsed: Listing) -> str:
-    old = [c for c in parsed.chains if c.startswith(("KUBE-SEP-", "KUBE-FW-"))]
-    if not old and "firewall-ips" not in parsed.sets:
-        return ""
-    return (
-        "ruleset v1 (KUBE-SEP / KUBE-FW chains), written by an older nftproxy: "
-        "endpoints and source ranges are not shown; the next full sync replaces it"
-    )
-
-
 def parse_table(
     doc: Mapping[str, Any], *, family: str, table: str, service: str | None = None
 ) -> TableView:
@@ -369,9 +306,7 @@ def parse_table(
         _fill(view, parsed)
     n_rules = sum(len(r) for r in parsed.chains.values())
     n_elems = sum(len(s.get("elem", [])) for s in parsed.sets.values())
-    return TableView(
-        family, table, selected, len(parsed.chains), n_rules, n_elems, _v1_notice(parsed)
-    )
+    return TableView(family, table, selected, len(parsed.chains), n_rules, n_elems)
 
 
 def render_text(view: TableView) -> str:
@@ -379,8 +314,6 @@ def render_text(view: TableView) -> str:
         f"table {view.family} {view.table}: {view.chains} chains, {view.rules} rules, "
         f"{view.elements} set/map elements"
     ]
-    if view.notice:
-        lines.append(f"  note: {view.notice}")
     for s in view.services:
         lines.append(f"  {s.service} ({s.protocol})")
         if s.vips:
@@ -402,7 +335,7 @@ def render_text(view: TableView) -> str:
         lines += _dispatched_lines(s)
         choosers = list(
             dict.fromkeys(
-                d.chooser for d in s.dispatched if not sk.is_external_local_chain(d.chooser)
+                d.chooser for d in s.dispatched if not dispatch.is_external_local_chain(d.chooser)
             )
         )
         many = "s" if len(choosers) > 1 else ""
@@ -428,6 +361,6 @@ def _dispatched_lines(s: ServiceView) -> list[str]:
     for d in s.dispatched:
         lines.append(f"      {d.text():<28} -> {d.chooser}  {d.identity}")
         shown = s.local_endpoints if d.identity.startswith(LOCAL) else s.endpoints
-        if d.endpoints != shown and not sk.is_external_local_chain(d.chooser):
+        if d.endpoints != shown and not dispatch.is_external_local_chain(d.chooser):
             lines += _endpoint_lines(d.endpoints, "        ") or ["        no endpoints"]
     return lines

@@ -3,15 +3,12 @@
 Layer: dump (pure over the JSON of `nft -j list table`; below tools/dump.py,
 its only user). One job: the listing's chains and sets by name, and the
 endpoints one chooser chain gives with their probabilities -- a numgen
-cascade (ClientIP affinity), or the lookup in an endpoints map: keyed by the
-chain's two constants (ruleset v3: `numgen random mod 1 offset H1 . numgen
-random mod 1 offset H2 . numgen random mod N`), or, for a shared chooser
-(ruleset v7), by the destination the packet was sent to:
-`dispatch-<proto>-<g>-<N>`'s `ip daddr . tcp dport . numgen random mod N`
-(vip-endpoints elements keyed (VIP, port, i)), `dispatch-nodeport-<proto>-
-<g>-<N>`'s `tcp dport . numgen random mod N` (nodeport-endpoints elements
-keyed (node port, i)) -- each endpoint with the KUBE-SEP-<h> its DNAT
-rule's or element's comment carries.
+cascade (ClientIP affinity), or a shared chooser's lookup by the
+destination the packet was sent to: `dispatch-<proto>-<N>`'s `ip daddr .
+tcp dport . numgen random mod N` (vip-endpoints elements keyed (VIP, port,
+i)), `dispatch-nodeport-<proto>-<N>`'s `tcp dport . numgen random mod N`
+(nodeport-endpoints elements keyed (node port, i)) -- each endpoint with
+the KUBE-SEP-<h> its DNAT rule's or element's comment carries.
 """
 
 from __future__ import annotations
@@ -62,7 +59,7 @@ class EndpointView(HostPort):
 @dataclass
 class Dispatched(HostPort):
     """A destination of a service port whose element goes to a shared
-    chooser (ruleset v7; address "": the node port): the chooser, the
+    chooser (address "": the node port): the chooser, the
     KUBE-SVC/SVL/EXT-<h> the `service-ips` / `service-nodeports` element
     names, and the endpoints the chooser gives it."""
 
@@ -75,8 +72,8 @@ _Target = tuple[str, int, str]
 """An endpoints-map element: address, port, KUBE-SEP-<h> (or "")."""
 
 _Fixed = tuple[str | int, ...]
-"""The fixed parts of an endpoints-map key: the chain's constants (H1, H2),
-a VIP and port (a vip-endpoints map), or a node port (nodeport-endpoints)."""
+"""The fixed parts of an endpoints-map key: a VIP and port (a vip-endpoints
+map), or a node port (nodeport-endpoints)."""
 
 
 @dataclass
@@ -87,7 +84,7 @@ class Listing:
     """Endpoints maps read by key (`_keyed_elements`), on first use."""
     shared: dict[tuple[str, str], list[Dispatched]] = field(default_factory=dict)
     """(service port, protocol) -> its destinations that go to shared
-    choosers (ruleset v7), in the listing's order."""
+    choosers, in the listing's order."""
 
 
 def read_listing(doc: Mapping[str, Any]) -> Listing:
@@ -120,10 +117,10 @@ def cascade(
     rules: Sequence[Mapping[str, Any]], parsed: Listing, vip: HostPort | None = None
 ) -> list[EndpointView]:
     """Endpoints of a KUBE-SVC/SVL chain with the probability it gives each:
-    every rule that DNATs (a cascade rule, or the lookup in the endpoints
-    map), but the affinity rules (a lookup of the source in a set: they
-    only repeat a past choice). Of a shared chooser: those of the
-    destination `vip` (a VIP, or a node port: its map is keyed by it)."""
+    every rule that DNATs (a cascade rule, or a shared chooser's lookup,
+    for the destination `vip`: a VIP, or a node port), but the affinity
+    rules (a lookup of the source in a set: they only repeat a past
+    choice)."""
     out: list[EndpointView] = []
     remaining = 1.0
     for rule in rules:
@@ -153,13 +150,11 @@ def cascade(
 def _map_endpoints(
     addr: Mapping[str, Any], parsed: Listing, share: float, vip: HostPort | None
 ) -> tuple[list[EndpointView], float]:
-    """The endpoints `dnat to numgen random mod 1 offset H1 . numgen random
-    mod 1 offset H2 . numgen random mod N map @m` reaches -- the elements
-    of @m keyed (H1, H2, i < N), each with 1/N of `share` -- and the share
-    they take (a missing element's falls through to the next rule). A
-    shared chooser's `ip daddr . tcp dport . numgen random mod N` key: the
-    elements keyed (VIP, port, i < N) of `vip`; its `tcp dport . numgen
-    random mod N` key: those keyed (node port, i < N)."""
+    """The endpoints a shared chooser's `dnat to ip daddr . tcp dport .
+    numgen random mod N map @m` reaches for `vip` -- the elements of @m
+    keyed (VIP, port, i < N), or (node port, i < N) for a `tcp dport .
+    numgen random mod N` key, each with 1/N of `share` -- and the share
+    they take (a missing element's falls through to the next rule)."""
     lookup = addr.get("map")
     key = _map_key(lookup.get("key") if isinstance(lookup, Mapping) else None, vip)
     data = lookup.get("data") if isinstance(lookup, Mapping) else None
@@ -175,9 +170,9 @@ def _map_endpoints(
 
 
 def _keyed_elements(parsed: Listing, name: str) -> dict[_Fixed, dict[int, _Target]]:
-    """@name's `address . port` elements by their fixed parts (H1, H2; VIP,
-    port; node port), then index (built once per map: a dump looks up
-    every service port's chain in it)."""
+    """@name's `address . port` elements by their fixed parts (VIP, port;
+    node port), then index (built once per map: a dump looks up every
+    destination in it)."""
     if name not in parsed.keyed:
         index: dict[_Fixed, dict[int, _Target]] = {}
         for elem in parsed.sets.get(name, {}).get("elem", []):
@@ -190,11 +185,9 @@ def _keyed_elements(parsed: Listing, name: str) -> dict[_Fixed, dict[int, _Targe
 
 
 def _map_key(node: Any, vip: HostPort | None) -> tuple[_Fixed, int, int] | None:
-    """((H1, H2), O, N) of a `numgen random mod 1 offset H1 . numgen random
-    mod 1 offset H2 . numgen random mod N [offset O]` key, ((VIP, port), O,
-    N) of an `ip daddr . tcp dport . numgen random mod N [offset O]` key
-    and ((node port,), O, N) of a `tcp dport . numgen random mod N [offset
-    O]` key (the destination: `vip`), or None."""
+    """((VIP, port), O, N) of an `ip daddr . tcp dport . numgen random mod
+    N [offset O]` key and ((node port,), O, N) of a `tcp dport . numgen
+    random mod N [offset O]` key (the destination: `vip`), or None."""
     parts: Any = node.get("concat") if isinstance(node, Mapping) else None
     if not isinstance(parts, list) or len(parts) not in (2, 3):
         return None
@@ -210,12 +203,8 @@ def _map_key(node: Any, vip: HostPort | None) -> tuple[_Fixed, int, int] | None:
 
 
 def _fixed_part(part: Any, vip: HostPort | None) -> Any:
-    """A key part known without the packet's choice: a `numgen random mod 1
-    offset H` (H), the destination address or port (`vip`'s; a node port
-    has no address)."""
-    gen = part.get("numgen") if isinstance(part, Mapping) else None
-    if isinstance(gen, Mapping):
-        return gen.get("offset", 0) if gen.get("mod") == 1 else None
+    """A key part known without the packet's choice: the destination
+    address or port (`vip`'s; a node port has no address)."""
     payload = part.get("payload") if isinstance(part, Mapping) else None
     field_name = payload.get("field") if isinstance(payload, Mapping) else None
     if vip is None:
@@ -224,12 +213,10 @@ def _fixed_part(part: Any, vip: HostPort | None) -> Any:
 
 
 def _is_fixed(parts: Sequence[Any]) -> bool:
-    """(H1, H2) hashes, an address and a port, or a port."""
+    """An address and a port, or a port."""
     if len(parts) == 2:
-        first, second = parts
-        return (is_index(first, 2**32) or (isinstance(first, str) and first != "")) and is_index(
-            second, 2**32
-        )
+        address, port = parts
+        return isinstance(address, str) and address != "" and is_index(port, 65536)
     return len(parts) == 1 and is_index(parts[0], 65536)
 
 

@@ -9,12 +9,12 @@ from a backend (the live tables, as `nftproxy dump` reads them) or from
 manifests (`planned_tables`: the transaction `sync --dry-run` would commit,
 applied to an in-memory FakeBackend and listed back: no root, no kernel);
 and print the trace: the service port with its KUBE-FW/EXT/SVC/SVL names
-(and the shared chooser that stands in for its KUBE-SVC/SVL/EXT, ruleset v7),
-a summary line per path (probability, endpoint and its KUBE-SEP-<h> --
-kube-proxy's names, which ruleset v2 keeps in comments -- masquerade or not
-and why, or the drop / reject and why), then every hook, chain and rule on
-the way -- the part all paths
-share once, then each path's own part. `--live` hands over to
+(and the shared chooser that stands in for its KUBE-SVC/SVL/EXT), a
+summary line per path (probability, endpoint and its KUBE-SEP-<h> --
+kube-proxy's names, which nftproxy's ruleset keeps in comments --
+masquerade or not and why, or the drop / reject and why), then every hook,
+chain and rule on the way -- the part all paths share once, then each
+path's own part. `--live` hands over to
 tools/trace_live.py (the kernel's own trace of real packets).
 """
 
@@ -210,7 +210,7 @@ def render_text(result: Trace) -> str:
 def _services(paths: Sequence[Path]) -> list[str]:
     """Per service port, kube-proxy's chain names in the order a packet
     meets them (KUBE-FW-<h>: the source-range check, then the chains), and
-    the shared chooser that stood in for its KUBE-SVC/SVL/EXT (ruleset v7)."""
+    the shared chooser that stood in for its KUBE-SVC/SVL/EXT."""
     seen: dict[str, tuple[list[str], list[str]]] = {}
     for p in paths:
         if p.service:

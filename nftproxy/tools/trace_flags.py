@@ -3,7 +3,7 @@
 Layer: tools. One job: declare the trace subcommand's flags for cli.py's
 parser, which every `nftproxy` invocation builds: so that building it does
 not import the trace interpreter (core/trace, tools/trace.py), which only
-`nftproxy trace` runs (the agent starts with ~1.4 MB less RSS).
+`nftproxy trace` runs, and whose memory the agent has no use for.
 """
 
 from __future__ import annotations

@@ -118,8 +118,8 @@ def _unpad_ipv4(text: str) -> str:
 
 
 def _plain_ipv4(text: str) -> ipaddress.IPv4Address | None:
-    """A dotted quad of 1-3 digit octets, without ipaddress's parser (the
-    initial list's hot spot: 4x faster); None for anything else."""
+    """A dotted quad of 1-3 digit octets, without ipaddress's parser, which
+    is slow on the initial list's hot path; None for anything else."""
     octets = text.split(".")
     if len(octets) != 4:
         return None

@@ -5,8 +5,7 @@ Two owners (service ports, or the skeleton) may claim the same key of a
 shared set: one port deleted and one created with the same cluster IP in
 one sync, two ports of one endpoint in `hairpin-endpoints`. The owner whose
 name sorts first wins, deterministically, and the next takes over when it
-leaves. (A pick tree's membership and bit elements follow the winner of
-their destination's dispatch-map key instead: plan.py `_LEADERS`.)
+leaves.
 
 The index holds owners, not elements: an owner's elements are in its
 committed fragment (`Resolver`), and a table of 10,000 services x 10
@@ -23,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from nftproxy.core.model import ServicePortName
+from nftproxy.core.rules.dispatch import is_indexed_map
 from nftproxy.core.rules.fragment import CompactFragment, Element, Key
-from nftproxy.core.rules.generations import is_indexed_map
 
 __all__ = ["ElemId", "ElementIndex", "Owner", "Resolver", "winner_of"]
 
@@ -117,8 +116,7 @@ class _IndexedClaims:
     """An indexed map's claims (keys chooser key . endpoint index 0..N-1),
     by the chooser's key: a list by index, None where nobody claims. A
     chooser of N endpoints costs one dict slot and a list of N, where N
-    keys cost N key tuples and N dict slots (~130 bytes each: 10,000
-    services x 10 endpoints, ~10 MB)."""
+    keys would cost N key tuples and N dict slots."""
 
     __slots__ = ("_count", "_groups")
 
@@ -188,7 +186,7 @@ _Claims = _FlatClaims | _IndexedClaims
 
 class ElementIndex:
     """(set name, key) -> its claimants, winner first. The keys of the maps
-    `indexed` names (rules/generations.py) are grouped by chooser."""
+    `indexed` names (rules/dispatch.py) are grouped by chooser."""
 
     __slots__ = ("_indexed", "_sets")
 

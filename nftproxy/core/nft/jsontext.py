@@ -5,10 +5,10 @@ Layer: nft (pure). One job: say an element in libnftables JSON, as objects
 `json.dumps` makes of the objects), and make a transaction's text.
 
 Why text: a full sync of 10,000 services x 10 endpoints sends ~180,000
-elements. Building their dicts and then encoding them took ~0.5 s of the
-interpreter's one core on Python 3.13, and the sync is bound by that core;
-writing the text from the Element values takes about half (bench/RESULTS.md,
-"Fourteenth pass"). So an add-element command carries an `ElementList`:
+elements, and the sync is bound by the interpreter's one core; writing the
+text straight from the Element values costs that core much less than
+building their dicts and encoding them (bench/RESULTS.md, "What moved the
+numbers"). So an add-element command carries an `ElementList`:
 the Element values themselves, read as their JSON objects by whoever
 iterates them (the fake backend, tests, error messages), and turned straight
 into text by `command_text` when the command is sent.

@@ -5,11 +5,9 @@ objects core/nft/ops.py builds) as the lines `nft -f` reads, or say that
 one of them has no text form here (`NoText`), so the JSON is sent instead.
 
 Why: libnftables parses and evaluates nft text in less time than the same
-commands in JSON -- on the 180,000 elements and 10,500 affinity rules of a
-first sync at 10,000 x 10, 1.5-1.6 s instead of 2.0-2.9 s for the
-elements and 0.5-0.6 s instead of 0.7-0.9 s for the rules, on both
-libnftables 1.0.6 and 1.1.3 (bench/RESULTS.md, "Nineteenth pass") -- and
-the text is a third shorter to write. Both forms make the same kernel
+commands in JSON, elements and rules alike, on both libnftables 1.0.6 and
+1.1.3 (bench/RESULTS.md, "What moved the numbers"), and the text is
+shorter to write. Both forms make the same kernel
 objects (tests/test_nfttext_kernel.py lists both back and compares them).
 
 What has a text form: tables; regular and base chains (add, flush,

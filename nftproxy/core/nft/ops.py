@@ -205,8 +205,8 @@ class Table:
         kind = "map" if decl.map else "set"
         return {"flush": {kind: self._named(decl.name)}}
 
-    def flush_map(self, name: str) -> Json:
-        return {"flush": {"map": self._named(name)}}
+    def flush_map(self, name: str, *, is_map: bool = True) -> Json:
+        return {"flush": {"map" if is_map else "set": self._named(name)}}
 
     def delete_set(self, name: str, *, is_map: bool = False) -> Json:
         return {"delete": {"map" if is_map else "set": self._named(name)}}

@@ -19,8 +19,11 @@ Command order inside one transaction (docs/nft-python-notes.md §2):
   8 delete chains that went away -- or, after the kernel refused that with
     EBUSY (kernels < 6.2 notice a lost vmap reference asynchronously), leave
     them flushed and delete them in a later `stage_gc` transaction.
-Affinity sets are dynamic (filled by the datapath): added idempotently, never
-flushed, so a resync keeps every client's affinity.
+A chain or set several owners share (`fragment.Shared`: a chooser, the map
+it picks from) is added by the transaction that gives it its first user and
+deleted by the one that takes its last (`TableState.users`). Affinity sets
+are dynamic (filled by the datapath): never flushed, so a full sync keeps
+every client's affinity.
 
 The state is lean (`CompactFragment`): per chain a digest, no rules; per
 owner its elements packed, unpacked only for an owner that changes. Every
@@ -32,6 +35,7 @@ key, not the elements: those are in the owners' records.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -40,7 +44,6 @@ from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.claims import ElementIndex, ElemId, Owner, Resolver, winner_of
 from nftproxy.core.nft.listing import ListedSet, TableListing
 from nftproxy.core.nft.ops import Table
-from nftproxy.core.rules import picks
 from nftproxy.core.rules.fragment import (
     Chain,
     CompactChain,
@@ -49,9 +52,9 @@ from nftproxy.core.rules.fragment import (
     Fragment,
     Json,
     SetDecl,
+    Shared,
     compact,
 )
-from nftproxy.core.rules.skeleton import GENERATIONS, SERVICE_IPS, SERVICE_NODEPORTS
 
 __all__ = [
     "SKELETON",
@@ -100,9 +103,8 @@ class TableState:
     """Flushed-but-not-deleted objects awaiting stage_gc (set name -> is map)."""
     rule_count: int = 0
     """Rules in `chains`, kept as owners are adopted."""
-    generation: str = GENERATIONS[0]
-    """Which endpoints maps the table's chooser rules pick from (the render's
-    `generation`; a chunked resync switches it, core/nft/resync.py)."""
+    users: Counter[str] = field(default_factory=Counter)
+    """How many owners' records use each shared chain and set (`_shared_names`)."""
 
     def adopt(
         self, owner: Owner, fragment: Fragment | None, record: CompactFragment | None = None
@@ -130,13 +132,13 @@ class TableState:
                 self._drop_chain(c.name)
             for s in old.sets:
                 self.sets.pop(s.name, None)
+            self._release(old.shared)
         if fragment is not None:
             self.fragments[owner] = fragment
             for c in fragment.chains:
-                self._drop_chain(c.name)
-                self.chains[c.name] = c
-                self.rule_count += c.size
+                self._add_chain(c)
             self.sets.update((s.name, s) for s in fragment.sets)
+            self._use(fragment.shared)
         if old_elements is None:
             old_elements = old.elements if old else ()
         self.index.replace(owner, old_elements, elements)
@@ -149,30 +151,57 @@ class TableState:
             fresh.stale_chains,
             fresh.stale_sets,
         )
-        self.rule_count = fresh.rule_count
-        self.generation = fresh.generation
+        self.rule_count, self.users = fresh.rule_count, fresh.users
 
     def effective(self, elem_id: ElemId) -> Element | None:
-        """The element the kernel holds for the id: its winner's (a pick
-        tree's element: its destination's winner's, if it claims it)."""
+        """The element the kernel holds for the id: its winner's."""
         owner = self.index.winner(*elem_id)
-        leader = _LEADERS.get(elem_id[0])
-        if leader is not None:
-            owner = self.index.winner(leader, elem_id[1])
-            if owner not in self.index.owners(*elem_id):
-                return None
         return None if owner is None else Resolver(self.fragments).element(owner, elem_id)
+
+    def _add_chain(self, chain: CompactChain) -> None:
+        self._drop_chain(chain.name)
+        self.chains[chain.name] = chain
+        self.rule_count += chain.size
 
     def _drop_chain(self, name: str) -> None:
         gone = self.chains.pop(name, None)
         if gone is not None:
             self.rule_count -= gone.size
 
+    def _use(self, shared: Sequence[Shared]) -> None:
+        for s in shared:
+            for c in s.records:
+                if not self.users[c.name]:
+                    self._add_chain(c)
+                self.users[c.name] += 1
+            for d in s.sets:
+                if not self.users[_set_user(d.name)]:
+                    self.sets[d.name] = d
+                self.users[_set_user(d.name)] += 1
+
+    def _release(self, shared: Sequence[Shared]) -> None:
+        for s in shared:
+            for c in s.records:
+                self.users[c.name] -= 1
+                if not self.users[c.name]:
+                    del self.users[c.name]
+                    self._drop_chain(c.name)
+            for d in s.sets:
+                self.users[_set_user(d.name)] -= 1
+                if not self.users[_set_user(d.name)]:
+                    del self.users[_set_user(d.name)]
+                    self.sets.pop(d.name, None)
+
     def use_typeof(self, typeof: bool) -> None:
         """Declare sets and maps by typeof from now on, or by datatype: as
         the backend's libnftables requires (seam.Backend.accepts_typeof)."""
         if self.table.typeof != typeof:
             self.table = replace(self.table, typeof=typeof)
+
+
+def _set_user(name: str) -> str:
+    """A shared set's key in `TableState.users` (chains and sets are named apart)."""
+    return "@" + name
 
 
 @dataclass
@@ -384,13 +413,8 @@ def _diff_elements(b: _Batch, state: TableState, changes: Mapping[Owner, _Change
     effective changes (a new winner with the same verdict too: its comment
     names the owner, which `dump` reads). Returns the number of element changes."""
     committed, n = Resolver(state.fragments), 0
-    touched = _touched(changes)
-    _touch_trees(state, touched)
-    for elem_id, slot in touched.items():
-        leader = _LEADERS.get(elem_id[0])
-        if leader is not None:
-            before, after = _settled_tree(state, touched, elem_id, leader, committed)
-        elif isinstance(slot[1], Element) and state.index.winner(*elem_id) is None:
+    for elem_id, slot in _touched(changes).items():
+        if isinstance(slot[1], Element) and state.index.winner(*elem_id) is None:
             b.add_elems.setdefault(elem_id[0], []).append(slot[1])  # new, nobody else's
             n += 1
             continue
@@ -426,59 +450,50 @@ def _settled(
     return before, after
 
 
-_TREES_OF = {SERVICE_IPS: False, SERVICE_NODEPORTS: True}
-"""Dispatch map -> the kind of pick tree its `continue` elements lead to."""
-
-_LEADERS = {
-    tree: leader
-    for leader, nodeport in _TREES_OF.items()
-    for generation in GENERATIONS
-    for tree in picks.tree_sets(generation, nodeport=nodeport)
-}
-"""Each pick tree's membership and bit set -> the dispatch map whose winner
-decides its elements (rules/picks.py): a destination's count bits are its
-winner's, never mixed with another claimant's, whose count may differ."""
-
-
-def _touch_trees(state: TableState, touched: dict[ElemId, _Slot]) -> None:
-    """Add to `touched` the pick-tree ids of each touched destination that
-    two or more owners claim: whoever wins it decides them all, also those
-    of owners that did not change."""
-    destinations = [(n, k, slot) for (n, k), slot in touched.items() if n in _TREES_OF]
-    for name, key, slot in destinations:
-        if len({*state.index.owners(name, key), *_as_claims(slot)[1]}) < 2:
-            continue
-        for tree in picks.tree_sets(state.generation, nodeport=_TREES_OF[name]):
-            _claims_of(touched, (tree, key))
-
-
-def _settled_tree(
+def _diff_shared(
+    b: _Batch,
     state: TableState,
-    touched: Mapping[ElemId, _Slot],
-    elem_id: ElemId,
-    leader: str,
-    committed: Resolver,
-) -> tuple[Element | None, Element | None]:
-    """A pick tree's element before and after the stage: the element of the
-    winner of its destination's `leader` key, where that winner claims it."""
-    lead_id = (leader, elem_id[1])
-    lead = touched.get(lead_id)
-    lead_claims: _Claims = ({}, {}) if lead is None else _as_claims(lead)
-    before_winner, after_winner = _winners(state.index.owners(*lead_id), lead_claims)
-    olds, news = _as_claims(touched[elem_id])
-    owners = state.index.owners(*elem_id)
-    before = (
-        _claimed(before_winner, elem_id, olds, committed)
-        if before_winner is not None and before_winner in owners
-        else None
-    )
-    stay = [o for o in owners if o not in olds]
-    after = (
-        _claimed(after_winner, elem_id, news, committed)
-        if after_winner is not None and (after_winner in news or after_winner in stay)
-        else None
-    )
-    return before, after
+    changes: Mapping[Owner, _Change],
+    stale: set[str],
+    stale_sets: dict[str, bool],
+    defer: bool,
+) -> None:
+    """Add the shared chains and sets the changes give their first user,
+    delete those they take the last user from."""
+    delta: Counter[str] = Counter()
+    chains: dict[str, Chain] = {}
+    sets: dict[str, SetDecl] = {}
+    for change in changes.values():
+        for sign, record in ((-1, change.old), (1, change.new)):
+            for shared in record.shared if record else ():
+                for chain in shared.chains:
+                    delta[chain.name] += sign
+                    chains[chain.name] = chain
+                for decl in shared.sets:
+                    delta[_set_user(decl.name)] += sign
+                    sets[_set_user(decl.name)] = decl
+    t = state.table
+    for name, d in delta.items():
+        before = state.users[name]
+        after = before + d
+        if (before == 0) == (after == 0):
+            continue
+        if name in chains:
+            if after:
+                existed = name in stale
+                stale.discard(name)
+                _write_chain(b, t, chains[name], exists=existed)
+            else:
+                _remove_chain(b, t, name, defer=defer, stale=stale)
+        elif after:
+            # A leftover awaiting stage_gc is the same declaration, emptied: reuse it.
+            if stale_sets.pop(sets[name].name, None) is None:
+                _add_set(b, t, sets[name])
+        elif defer:
+            # No flush: its last users' elements are deleted in this transaction.
+            stale_sets[sets[name].name] = sets[name].map is not None
+        else:
+            b.del_sets.append(t.delete_set(sets[name].name, is_map=sets[name].map is not None))
 
 
 def stage_partial(
@@ -511,6 +526,7 @@ def stage_partial(
             defer_deletes,
         )
         _diff_chains(b, state.table, change, redeclared, stale, defer_deletes)
+    _diff_shared(b, state, changes, stale, stale_sets, defer_deletes)
     n_elems = _diff_elements(b, state, changes)
     commands = b.commands(state.table)
 
@@ -535,9 +551,11 @@ def _full_sets(
     kept: set[str] = set()
     for name, ks in kernel.sets.items():
         decl = desired.get(name)
-        if decl is None:
-            _remove_set(b, t, name, ks.map, defer=defer, stale=stale_sets)
-        elif not _same_declaration(t, decl, ks):
+        if decl is None and defer:
+            # Emptied for stage_gc: no owner deletes its elements one by one here.
+            b.flush.append(t.flush_map(name, is_map=ks.map is not None))
+            stale_sets[name] = ks.map is not None
+        elif decl is None or not _same_declaration(t, decl, ks):
             b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
         elif decl.dynamic:
             # Keep it untouched, with its clients: re-adding it would fail with
@@ -577,18 +595,9 @@ def _add_winners(
     """Add each of the `rendered` elements its owner wins in `index`, each
     once (where an owner rendered a key twice, its last)."""
     for owner, elements in rendered:
-        won = {
-            (e.set_name, e.key): e for e in index.won(owner, elements) if _leads(index, owner, e)
-        }
+        won = {(e.set_name, e.key): e for e in index.won(owner, elements)}
         for e in won.values():
             b.add_elems.setdefault(e.set_name, []).append(e)
-
-
-def _leads(index: ElementIndex, owner: Owner, e: Element) -> bool:
-    """Whether `owner` wins the destination of its element `e` where `e` is
-    a pick tree's (`_LEADERS`); True for any other element."""
-    leader = _LEADERS.get(e.set_name)
-    return leader is None or index.winner(leader, e.key) == owner
 
 
 def stage_full(
@@ -601,13 +610,13 @@ def stage_full(
     """Rebuild the whole table from the freshly rendered `desired`:
     everything desired is (re)written, everything else the kernel holds in
     our tables (the family's main and affinity tables) is flushed and deleted."""
-    fresh = TableState(state.family, state.table, generation=state.generation)
+    fresh = TableState(state.family, state.table)
     for owner, fragment in desired.items():
         fresh.adopt(owner, fragment)
     kernel = kernel or TableListing({}, {})
     t, b = state.table, _Batch(head=state.table.add_tables())
     # Rules are emitted from the rendered chains (no JSON round trip).
-    chains = {c.name: c for f in desired.values() for c in f.chains}
+    chains = {c.name: c for f in desired.values() for c in _all_chains(f)}
     _full_chains(b, t, kernel, chains, fresh.stale_chains, defer_deletes)
     _full_sets(b, t, kernel, fresh.sets, fresh.stale_sets, defer_deletes)
     _add_winners(b, fresh.index, ((o, f.elements) for o, f in desired.items()))
@@ -615,6 +624,12 @@ def stage_full(
 
     counts = {"owners": len(desired), "elements": len(fresh.index)}
     return Staged(commands, lambda: state.take(fresh), counts, b.declare)
+
+
+def _all_chains(fragment: Fragment) -> Iterable[Chain]:
+    yield from fragment.chains
+    for shared in fragment.shared:
+        yield from shared.chains
 
 
 def stage_gc(state: TableState) -> Staged:

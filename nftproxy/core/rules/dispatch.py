@@ -1,266 +1,248 @@
-"""Shared choosers: one chain per endpoint count, for every destination of a port.
+"""Shared choosers: the layout of the chains and maps that pick an endpoint.
 
-Layer: rules (pure). One job: the names and the skeleton objects of
-ruleset v8's shared dispatch (upstream's WIP `dispatch-N`).
+Layer: rules (pure). One job: name the shared choosers, the maps they pick
+from and the eTP=Local chains, and build them. Every name the table holds
+beyond the skeleton's fixed objects and a port's own KUBE-SVC/SVL/EXT chains
+comes from here.
 
-A service port without ClientIP affinity, with 1..DISPATCH_MAX endpoints
-at each destination it serves (`PortPlan.shared`), has no chain of its own.
-Each destination's element goes to a shared chooser of its endpoint count
-N, whose rules are the same for every port with N endpoints, and the port
-owns N elements per destination in the map that chooser picks from:
+A service port without ClientIP affinity has no chain of its own. Each of
+its destinations has one element that goes to the shared chooser of its
+endpoint count N, and the port owns N elements per destination in the map
+that chooser picks from:
 
-  cluster IP, external IP, LB VIP -> service-ips element goto dispatch-<proto>-<g>-<N>:
+  cluster IP, external IP, LB VIP -> service-ips element goto dispatch-<proto>-<N>:
       <source not local> jump KUBE-MARK-MASQ      (kube-proxy's KUBE-SVC rule)
       meta l4proto P dnat ip to ip daddr . P dport . numgen random mod N
-          map @vip-endpoints-<proto>-<g>        (VIP, port, i) -> endpoint i
-  node port -> service-nodeports element goto dispatch-nodeport-<proto>-<g>-<N>:
+          map @vip-endpoints-<proto>              (VIP, port, i) -> endpoint i
+  node port -> service-nodeports element goto dispatch-nodeport-<proto>-<N>:
       meta l4proto P dnat ip to P dport . numgen random mod N
-          map @nodeport-endpoints-<proto>-<g>   (node port, i) -> endpoint i
+          map @nodeport-endpoints-<proto>         (node port, i) -> endpoint i
 
-External destinations (eTP=Cluster) are marked for masquerade as kube-proxy's
-KUBE-EXT marks them, by one skeleton rule each in KUBE-SERVICES and
-KUBE-NODEPORTS that looks them up in `masquerade-vips` /
-`masquerade-nodeports` (the port's elements).
+An external destination of an eTP=Local port goes to `external-local`
+(`nodeport-local` for its node port), which does what its KUBE-EXT would
+through two verdict maps the port fills: pod traffic and the node's own
+(marked) to the destination's chooser of cluster endpoints
+(`external-cluster-choosers`), the rest to its chooser of local endpoints
+(`external-local-choosers` -> dispatch-local-<proto>-<N>, picking from
+vip-local-endpoints-<proto>, with no masquerade rule). Without a local
+endpoint the port has no local element: the packet leaves the chain
+undNATed and the no-endpoint map drops it.
 
-An external destination of an eTP=Local port (ruleset v8) goes to one
-shared chain per generation that does what its KUBE-EXT would, per
-destination through two verdict maps the port fills:
-
-  external IP, LB VIP -> service-ips element goto external-local-<g>:
-      <pod source> ip daddr . l4proto . th dport vmap @external-cluster-choosers-<g>
-      fib saddr type local jump KUBE-MARK-MASQ
-      fib saddr type local ip daddr . l4proto . th dport vmap @external-cluster-choosers-<g>
-      ip daddr . l4proto . th dport vmap @external-local-choosers-<g>
-  node port -> service-nodeports element goto nodeport-local-<g>: the same
-      keyed by l4proto . th dport, with @nodeport-cluster-choosers-<g> /
-      @nodeport-local-choosers-<g>
-
-A `*-cluster-choosers` element goes to the destination's chooser of the
-port's cluster endpoints (dispatch-<proto>-<g>-<N>, as above), a
-`*-local-choosers` element to the chooser of its local endpoints,
-dispatch-local-<proto>-<g>-<N> / dispatch-nodeport-local-<proto>-<g>-<N>
-(no masquerade rule: external traffic keeps its source), picking from
-vip-local-endpoints-<proto>-<g> / nodeport-local-endpoints-<proto>-<g>.
-Without a local endpoint the port has no local element: the packet leaves
-the chain undNATed and the no-endpoint map drops it, as before.
-
-The elements' comments carry kube-proxy's identities: KUBE-SVC-<h>
-(KUBE-SVL-<h> with iTP=Local) on a cluster IP's and a cluster chooser's,
-KUBE-SVL-<h> on a local chooser's, KUBE-EXT-<h> on an external
-destination's, KUBE-SEP-<h> on an endpoint's. Adding such a port adds
-elements only: the kernel re-validates the chain graph for the goto
-elements, but the graph no longer holds a chain per service. Ports with
-ClientIP affinity or more than DISPATCH_MAX endpoints keep their
-KUBE-SVC/SVL/EXT chains (core/rules/service.py).
-
-The choosers and their maps come in the table's generation
-(rules/generations.py), as the sharded endpoints maps, so a resync in steps
-fills the next generation's maps chunk by chunk behind the old ones.
+A chooser, its map and the eTP=Local chains exist only while some port uses
+them (`fragment.Shared`: the planner adds them with their first user and
+deletes them with their last), so an empty node holds none.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
+
 from nftproxy.core.model import IPFamily, L4Protocol
 from nftproxy.core.rules import expr
-from nftproxy.core.rules.fragment import NUMGEN_KEY, Chain, Json, Rule, SetDecl
+from nftproxy.core.rules.fragment import NUMGEN_KEY, Chain, Json, Rule, SetDecl, Shared
 
 __all__ = [
-    "DISPATCH_MAX",
+    "EXTERNAL_LOCAL",
+    "NODEPORT_LOCAL",
     "PROTO_PORT",
+    "Choosers",
     "choosers_map",
     "dispatch_chain",
-    "dispatch_chains",
-    "dispatch_maps",
-    "external_local_chain",
-    "external_local_chains",
-    "generation_chains",
-    "generation_maps",
+    "is_chooser_chain",
+    "is_choosers_map",
+    "is_external_local_chain",
+    "is_indexed_map",
+    "is_shared_chain",
     "nodeport_dispatch_chain",
     "nodeport_endpoints_map",
-    "nodeport_local_chain",
     "vip_endpoints_map",
 ]
 
-DISPATCH_MAX = 64
-"""Shared choosers exist for 1..DISPATCH_MAX endpoints (per kind, protocol
-and generation: 2 x 3 x 64 chains); a port with more keeps chains of its own.
-A cluster IP, external IP or LB VIP (eTP=Cluster) and a node port reach the
-chooser of its count through the pick tree (rules/picks.py)."""
-
-
-def dispatch_chain(
-    protocol: L4Protocol, generation: str, count: int, *, local: bool = False
-) -> str:
-    """dispatch-tcp-a-3: the shared chooser of `protocol` VIPs (cluster IP,
-    external IP, LB VIP) with `count` endpoints; dispatch-local-tcp-a-3:
-    of an eTP=Local external destination's local endpoints."""
-    kind = "local-" if local else ""
-    return f"dispatch-{kind}{protocol.nft}-{generation}-{count}"
-
-
-def nodeport_dispatch_chain(
-    protocol: L4Protocol, generation: str, count: int, *, local: bool = False
-) -> str:
-    """dispatch-nodeport-tcp-a-3: the shared chooser of `protocol` node ports
-    with `count` endpoints; dispatch-nodeport-local-tcp-a-3: of an eTP=Local
-    node port's local endpoints."""
-    kind = "local-" if local else ""
-    return f"dispatch-nodeport-{kind}{protocol.nft}-{generation}-{count}"
-
-
-def vip_endpoints_map(protocol: L4Protocol, generation: str, *, local: bool = False) -> str:
-    """vip-endpoints-tcp-a: VIP . port . index -> endpoint
-    (vip-local-endpoints-tcp-a: the local endpoints of eTP=Local VIPs)."""
-    kind = "local-" if local else ""
-    return f"vip-{kind}endpoints-{protocol.nft}-{generation}"
-
-
-def nodeport_endpoints_map(protocol: L4Protocol, generation: str, *, local: bool = False) -> str:
-    """nodeport-endpoints-tcp-a: node port . index -> endpoint
-    (nodeport-local-endpoints-tcp-a: the local endpoints of eTP=Local node ports)."""
-    kind = "local-" if local else ""
-    return f"nodeport-{kind}endpoints-{protocol.nft}-{generation}"
-
-
-def external_local_chain(generation: str) -> str:
-    """external-local-a: what KUBE-EXT does for an eTP=Local external IP or LB VIP."""
-    return f"external-local-{generation}"
-
-
-def nodeport_local_chain(generation: str) -> str:
-    """nodeport-local-a: what KUBE-EXT does for an eTP=Local node port."""
-    return f"nodeport-local-{generation}"
-
-
-def choosers_map(generation: str, *, nodeport: bool, local: bool) -> str:
-    """external-cluster-choosers-a (VIP . proto . port -> goto the cluster
-    chooser), external-local-choosers-a (-> the local chooser), and the
-    nodeport-cluster-choosers-a / nodeport-local-choosers-a (proto . node port)."""
-    where = "nodeport" if nodeport else "external"
-    which = "local" if local else "cluster"
-    return f"{where}-{which}-choosers-{generation}"
-
-
-_BOTH = (False, True)
-
-
-def generation_chains(generations: tuple[str, ...]) -> dict[str, str]:
-    """Every shared chain's name (choosers, external-local, nodeport-local) -> its generation."""
-    choosers = {
-        name(p, g, n, local=local): g
-        for name in (dispatch_chain, nodeport_dispatch_chain)
-        for local in _BOTH
-        for p in L4Protocol
-        for g in generations
-        for n in range(1, DISPATCH_MAX + 1)
-    }
-    externals = {c(g): g for c in (external_local_chain, nodeport_local_chain) for g in generations}
-    return {**choosers, **externals}
-
-
-def generation_maps(generations: tuple[str, ...]) -> dict[str, str]:
-    """Every map the shared chains pick from -> its generation."""
-    endpoints = {
-        name(p, g, local=local): g
-        for name in (vip_endpoints_map, nodeport_endpoints_map)
-        for local in _BOTH
-        for p in L4Protocol
-        for g in generations
-    }
-    choosers = {
-        choosers_map(g, nodeport=nodeport, local=local): g
-        for nodeport in _BOTH
-        for local in _BOTH
-        for g in generations
-    }
-    return {**endpoints, **choosers}
-
+EXTERNAL_LOCAL = "external-local"
+"""What KUBE-EXT does for every eTP=Local external IP or LB VIP."""
+NODEPORT_LOCAL = "nodeport-local"
+"""What KUBE-EXT does for every eTP=Local node port."""
 
 PROTO_PORT = ("meta l4proto", "th dport")
 """The key of service-nodeports and the node-port choosers maps (as set selectors)."""
 
+_BOTH = (False, True)
 
-def dispatch_maps(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
-    """The generation's vip-endpoints and nodeport-endpoints maps of each
-    protocol (cluster and local), and its four choosers maps."""
-    daddr = f"{family.nft_family} daddr"
-    out: list[SetDecl] = []
-    for local in _BOTH:
+
+def _kind(local: bool) -> str:
+    return "local-" if local else ""
+
+
+def dispatch_chain(protocol: L4Protocol, count: int, *, local: bool = False) -> str:
+    """dispatch-tcp-3: the shared chooser of `protocol` VIPs (cluster IP,
+    external IP, LB VIP) with `count` endpoints; dispatch-local-tcp-3: of an
+    eTP=Local external destination's local endpoints."""
+    return f"dispatch-{_kind(local)}{protocol.nft}-{count}"
+
+
+def nodeport_dispatch_chain(protocol: L4Protocol, count: int, *, local: bool = False) -> str:
+    """dispatch-nodeport-tcp-3, dispatch-nodeport-local-tcp-3: as
+    `dispatch_chain`, for node ports."""
+    return f"dispatch-nodeport-{_kind(local)}{protocol.nft}-{count}"
+
+
+def vip_endpoints_map(protocol: L4Protocol, *, local: bool = False) -> str:
+    """vip-endpoints-tcp: VIP . port . index -> endpoint
+    (vip-local-endpoints-tcp: the local endpoints of eTP=Local VIPs)."""
+    return f"vip-{_kind(local)}endpoints-{protocol.nft}"
+
+
+def nodeport_endpoints_map(protocol: L4Protocol, *, local: bool = False) -> str:
+    """nodeport-endpoints-tcp: node port . index -> endpoint
+    (nodeport-local-endpoints-tcp: the local endpoints of eTP=Local node ports)."""
+    return f"nodeport-{_kind(local)}endpoints-{protocol.nft}"
+
+
+def choosers_map(*, nodeport: bool, local: bool) -> str:
+    """external-cluster-choosers (VIP . proto . port -> goto the cluster
+    chooser), external-local-choosers (-> the local chooser), and
+    nodeport-cluster-choosers / nodeport-local-choosers (proto . node port)."""
+    where = "nodeport" if nodeport else "external"
+    which = "local" if local else "cluster"
+    return f"{where}-{which}-choosers"
+
+
+_CHOOSER = re.compile(r"dispatch-(nodeport-)?(local-)?(tcp|udp|sctp)-[1-9][0-9]*")
+_CHOOSERS_MAPS = frozenset(choosers_map(nodeport=n, local=lo) for n in _BOTH for lo in _BOTH)
+_INDEXED = frozenset(
+    name(p, local=local)
+    for name in (vip_endpoints_map, nodeport_endpoints_map)
+    for local in _BOTH
+    for p in L4Protocol
+)
+
+
+def is_chooser_chain(name: str) -> bool:
+    return _CHOOSER.fullmatch(name) is not None
+
+
+def is_external_local_chain(name: str) -> bool:
+    return name in (EXTERNAL_LOCAL, NODEPORT_LOCAL)
+
+
+def is_shared_chain(name: str) -> bool:
+    """A chooser or an eTP=Local chain: a chain no port owns alone."""
+    return is_chooser_chain(name) or is_external_local_chain(name)
+
+
+def is_choosers_map(name: str) -> bool:
+    """One of the four verdict maps from an eTP=Local destination to a chooser."""
+    return name in _CHOOSERS_MAPS
+
+
+def is_indexed_map(name: str) -> bool:
+    """Whether `name` maps a destination . endpoint index -> endpoint: its
+    keys end in the index 0..N-1 of the chooser's N endpoints."""
+    return name in _INDEXED
+
+
+@dataclass
+class Choosers:
+    """The shared objects of one family's render, each built once
+    (`masq`: the masquerade rule of traffic to a cluster IP, or none;
+    `pod_source`: the local-traffic detector's match, None without one)."""
+
+    family: IPFamily
+    masq: tuple[Rule, ...]
+    pod_source: tuple[Json, ...] | None
+    mark_chain: str
+    affinity_set: SetDecl
+    """The set that remembers ClientIP affinity's clients (skeleton's)."""
+    _made: dict[tuple[object, ...], Shared] = field(default_factory=dict)
+
+    def affinity(self) -> Shared:
+        """The affinity set, which every port with ClientIP affinity uses."""
+        if ("affinity",) not in self._made:
+            self._made[("affinity",)] = Shared.of((), (self.affinity_set,))
+        return self._made[("affinity",)]
+
+    def vip(self, protocol: L4Protocol, count: int, *, local: bool = False) -> Shared:
+        """dispatch[-local]-<proto>-<N> and the map it picks from."""
+        key = ("vip", protocol, count, local)
+        if key not in self._made:
+            vips = vip_endpoints_map(protocol, local=local)
+            pick = expr.dnat_by_destination(self.family, protocol, count, vips)
+            which = "local endpoints" if local else "endpoints"
+            rule = Rule((expr.l4proto(protocol), pick), f"VIP -> {count} {which}")
+            first = () if local else self.masq
+            chain = Chain(dispatch_chain(protocol, count, local=local), (*first, rule))
+            self._made[key] = Shared.of((chain,), (self._vip_map(protocol, local),))
+        return self._made[key]
+
+    def nodeport(self, protocol: L4Protocol, count: int, *, local: bool = False) -> Shared:
+        """dispatch-nodeport[-local]-<proto>-<N> and the map it picks from."""
+        key = ("nodeport", protocol, count, local)
+        if key not in self._made:
+            ports = nodeport_endpoints_map(protocol, local=local)
+            pick = expr.dnat_by_port(self.family, protocol, count, ports)
+            which = "local endpoints" if local else "endpoints"
+            rule = Rule((expr.l4proto(protocol), pick), f"node port -> {count} {which}")
+            chain = Chain(nodeport_dispatch_chain(protocol, count, local=local), (rule,))
+            self._made[key] = Shared.of((chain,), (self._nodeport_map(protocol, local),))
+        return self._made[key]
+
+    def external_local(self, *, nodeport: bool) -> Shared:
+        """external-local (nodeport-local) and its two choosers maps."""
+        key = ("external-local", nodeport)
+        if key not in self._made:
+            chain = self._external_local_chain(nodeport)
+            maps = tuple(self._choosers_map(nodeport, local) for local in _BOTH)
+            self._made[key] = Shared.of((chain,), maps)
+        return self._made[key]
+
+    def _daddr(self) -> str:
+        return f"{self.family.nft_family} daddr"
+
+    def _vip_map(self, p: L4Protocol, local: bool) -> SetDecl:
         which = "local endpoint" if local else "endpoint"
-        for p in L4Protocol:
-            dport, target = f"{p.nft} dport", (daddr, f"{p.nft} dport")
-            out += [
-                SetDecl.data_map(
-                    vip_endpoints_map(p, generation, local=local),
-                    (daddr, dport, NUMGEN_KEY),
-                    target,
-                    comment=f"{p.nft} VIP . port . index -> {which}",
-                ),
-                SetDecl.data_map(
-                    nodeport_endpoints_map(p, generation, local=local),
-                    (dport, NUMGEN_KEY),
-                    target,
-                    comment=f"{p.nft} node port . index -> {which}",
-                ),
-            ]
-    for nodeport in _BOTH:
-        key = PROTO_PORT if nodeport else (daddr, *PROTO_PORT)
+        return SetDecl.data_map(
+            vip_endpoints_map(p, local=local),
+            (self._daddr(), f"{p.nft} dport", NUMGEN_KEY),
+            (self._daddr(), f"{p.nft} dport"),
+            comment=f"{p.nft} VIP . port . index -> {which}",
+        )
+
+    def _nodeport_map(self, p: L4Protocol, local: bool) -> SetDecl:
+        which = "local endpoint" if local else "endpoint"
+        return SetDecl.data_map(
+            nodeport_endpoints_map(p, local=local),
+            (f"{p.nft} dport", NUMGEN_KEY),
+            (self._daddr(), f"{p.nft} dport"),
+            comment=f"{p.nft} node port . index -> {which}",
+        )
+
+    def _choosers_map(self, nodeport: bool, local: bool) -> SetDecl:
+        key = PROTO_PORT if nodeport else (self._daddr(), *PROTO_PORT)
         where = "node port" if nodeport else "external IP / LB IP"
-        for local in _BOTH:
-            which = "local" if local else "cluster"
-            out.append(
-                SetDecl.keyed(
-                    choosers_map(generation, nodeport=nodeport, local=local),
-                    key,
-                    map="verdict",
-                    comment=f"eTP=Local {where}: its chooser of {which} endpoints",
-                )
-            )
-    return tuple(out)
+        which = "local" if local else "cluster"
+        return SetDecl.keyed(
+            choosers_map(nodeport=nodeport, local=local),
+            key,
+            map="verdict",
+            comment=f"eTP=Local {where}: its chooser of {which} endpoints",
+        )
 
-
-def dispatch_chains(family: IPFamily, generation: str, masq: tuple[Rule, ...]) -> tuple[Chain, ...]:
-    """The generation's shared choosers; the cluster VIP ones start with
-    `masq` (the masquerade rule of traffic to a cluster IP, or none)."""
-    out: list[Chain] = []
-    for local in _BOTH:
-        which = "local endpoints" if local else "endpoints"
-        for p in L4Protocol:
-            vips = vip_endpoints_map(p, generation, local=local)
-            nodeports = nodeport_endpoints_map(p, generation, local=local)
-            for n in range(1, DISPATCH_MAX + 1):
-                pick = expr.dnat_by_destination(family, p, n, vips)
-                rule = Rule((expr.l4proto(p), pick), f"VIP -> {n} {which}")
-                first = () if local else masq
-                out.append(Chain(dispatch_chain(p, generation, n, local=local), (*first, rule)))
-                pick = expr.dnat_by_port(family, p, n, nodeports)
-                rule = Rule((expr.l4proto(p), pick), f"node port -> {n} {which}")
-                out.append(Chain(nodeport_dispatch_chain(p, generation, n, local=local), (rule,)))
-    return tuple(out)
-
-
-def external_local_chains(
-    family: IPFamily, generation: str, pod_source: tuple[Json, ...] | None, mark_chain: str
-) -> tuple[Chain, ...]:
-    """The generation's external-local and nodeport-local chains: kube-proxy's
-    KUBE-EXT of an eTP=Local port, for every such port at once. Pod traffic
-    (`pod_source`: the local-traffic detector's match; None: no detector,
-    no such rule) and the node's own traffic (marked for masquerade) go to
-    the destination's cluster chooser, the rest to its local chooser."""
-    out: list[Chain] = []
-    for nodeport in _BOTH:
+    def _external_local_chain(self, nodeport: bool) -> Chain:
+        """kube-proxy's KUBE-EXT of an eTP=Local port, for every such port at
+        once: pod traffic and the node's own traffic (marked for masquerade)
+        go to the destination's cluster chooser, the rest to its local one."""
+        family = self.family
         key = expr.concat_proto_dport() if nodeport else expr.concat_daddr_proto_dport(family)
-        cluster = expr.vmap(key, choosers_map(generation, nodeport=nodeport, local=False))
-        local = expr.vmap(key, choosers_map(generation, nodeport=nodeport, local=True))
+        cluster = expr.vmap(key, choosers_map(nodeport=nodeport, local=False))
+        local = expr.vmap(key, choosers_map(nodeport=nodeport, local=True))
         local_src = expr.fib_local("saddr")
         rules: list[Rule] = []
-        if pod_source is not None:
-            rules.append(Rule((*pod_source, cluster), "pod traffic: Cluster policy"))
+        if self.pod_source is not None:
+            rules.append(Rule((*self.pod_source, cluster), "pod traffic: Cluster policy"))
         rules += [
-            Rule((local_src, expr.jump(mark_chain)), "masquerade LOCAL traffic"),
+            Rule((local_src, expr.jump(self.mark_chain)), "masquerade LOCAL traffic"),
             Rule((local_src, cluster), "LOCAL traffic: Cluster policy"),
             Rule((local,), "other traffic: local endpoints"),
         ]
-        name = nodeport_local_chain if nodeport else external_local_chain
-        out.append(Chain(name(generation), tuple(rules)))
-    return tuple(out)
+        return Chain(NODEPORT_LOCAL if nodeport else EXTERNAL_LOCAL, tuple(rules))

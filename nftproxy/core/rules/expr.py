@@ -25,7 +25,6 @@ __all__ = [
     "dnat",
     "dnat_by_destination",
     "dnat_by_port",
-    "dnat_map",
     "drop",
     "fib_local",
     "goto",
@@ -196,14 +195,6 @@ def _dnat_pick(family: IPFamily, fixed: list[Json], count: int, map_name: str) -
     parts = [*fixed, {"numgen": {"mode": "random", "mod": count}}]
     lookup = {"map": {"key": {"concat": parts}, "data": "@" + map_name}}
     return {"dnat": {"family": _ip(family), "addr": lookup}}
-
-
-def dnat_map(family: IPFamily, fixed: tuple[int, int], count: int, map_name: str) -> Json:
-    """`dnat ip to numgen random mod 1 offset F1 . numgen random mod 1 offset
-    F2 . numgen random mod N map @m`: the key is (F1, F2, i) (`numgen ...
-    mod 1 offset F` is the constant F: nft takes no literal in a
-    concatenated lookup key)."""
-    return _dnat_pick(family, [_constant(f) for f in fixed], count, map_name)
 
 
 def dnat_by_destination(family: IPFamily, protocol: L4Protocol, count: int, map_name: str) -> Json:

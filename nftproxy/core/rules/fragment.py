@@ -22,7 +22,7 @@ import marshal
 import re
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nftproxy.core.model import IPFamily
@@ -42,6 +42,7 @@ __all__ = [
     "Key",
     "Rule",
     "SetDecl",
+    "Shared",
     "Target",
     "Verdict",
     "affinity_table_name",
@@ -63,8 +64,8 @@ AFFINITY_TABLE = "affinity:"
 (`affinity_table_name`): "affinity:KUBE-SVC-<h>" is chain KUBE-SVC-<h> of
 `<table>-affinity`. The ports with ClientIP affinity keep their chains
 there, so a commit that adds a goto element to the main table does not make
-the kernel re-validate them (it validates the table that changed; ruleset
-v9, docs/architecture.md). Rules and elements name objects of their own
+the kernel re-validate them (it validates the table that changed).
+Rules and elements name objects of their own
 table without the prefix."""
 
 
@@ -230,12 +231,14 @@ class Element:
 
 @dataclass(frozen=True, slots=True)
 class Fragment:
-    """What one owner contributes to one family's table."""
+    """What one owner contributes to one family's table; `shared`: the
+    objects it uses with other owners."""
 
     family: IPFamily
     chains: tuple[Chain, ...] = ()
     sets: tuple[SetDecl, ...] = ()
     elements: tuple[Element, ...] = ()
+    shared: tuple[Shared, ...] = ()
 
     def chain_names(self) -> frozenset[str]:
         return frozenset(c.name for c in self.chains)
@@ -246,8 +249,8 @@ class CompactChain:
     """A chain as the committed state keeps it: a digest of its rules, not
     the rules.
 
-    Rules as Python dicts cost ~1 KB each, as JSON text ~300 bytes; 10,000
-    services hold ~120,000 rules. The planner only needs to tell whether a
+    Rules as Python dicts are the bulk of a large table's memory. The
+    planner only needs to tell whether a
     newly rendered chain differs (renderers are deterministic: equal rules,
     equal digest), which sets its rules reference (a chain is rewritten when
     a set it uses is re-declared), and its size; a changed chain is always
@@ -278,6 +281,7 @@ class CompactFragment:
     chains: tuple[CompactChain, ...] = ()
     sets: tuple[SetDecl, ...] = ()
     packed: bytes = b""
+    shared: tuple[Shared, ...] = ()
 
     @property
     def elements(self) -> tuple[Element, ...]:
@@ -287,14 +291,29 @@ class CompactFragment:
         return frozenset(c.name for c in self.chains)
 
 
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """Chains and maps that several owners use (a chooser and the map it
+    picks from): the planner adds them with their first user and deletes
+    them with their last. Compared by their records and declarations."""
+
+    chains: tuple[Chain, ...] = field(compare=False)
+    records: tuple[CompactChain, ...]
+    sets: tuple[SetDecl, ...]
+
+    @classmethod
+    def of(cls, chains: tuple[Chain, ...], sets: tuple[SetDecl, ...]) -> Shared:
+        return cls(chains, tuple(compact_chain(c) for c in chains), sets)
+
+
 _VERDICT, _TARGET = 0, 1
 
 
 _MARSHALLED, _COMPRESSED = b"m", b"z"
 COMPRESS_FROM = 1024
 """Packed rows of at least this many bytes are compressed (zlib level 1):
-a port of 10 endpoints (~2 KB, 20 elements) shrinks ~3.4x for ~20 us; a
-port of one endpoint (~0.5 KB) would shrink 1.7x for as much."""
+a port of many endpoints shrinks severalfold, one of a single endpoint too
+little to pay for the time (bench/RESULTS.md, "What moved the numbers")."""
 
 
 def pack_elements(elements: Sequence[Element]) -> bytes:
@@ -355,5 +374,5 @@ def compact(fragment: Fragment | CompactFragment) -> CompactFragment:
         return fragment
     chains = tuple(compact_chain(c) for c in fragment.chains)
     return CompactFragment(
-        fragment.family, chains, fragment.sets, pack_elements(fragment.elements)
+        fragment.family, chains, fragment.sets, pack_elements(fragment.elements), fragment.shared
     )

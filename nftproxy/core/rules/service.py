@@ -5,33 +5,22 @@ Layer: rules (pure). One job: kube-proxy's per-service-port semantics
 small per-feature renderers, each a pure function of the decisions in
 `PortPlan`. `render_service_port` composes them.
 
-Most ports have no chain (ruleset v8, `PortPlan.shared`): each of their
-destinations is an element that goes to a shared chooser of its endpoint
-count (an eTP=Local external destination: to the shared external-local
-chain, whose maps the port fills with its cluster and local choosers), and
-the port owns the choosers' elements for it (rules/dispatch.py has the
-shape). The others -- ClientIP affinity, more than DISPATCH_MAX endpoints
--- keep chains of their own:
-KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
-KUBE-EXT (external destinations). A chooser picks its endpoint with one
-rule, `meta l4proto P dnat to numgen random mod 1 offset F1 . numgen random
-mod 1 offset F2 . numgen random mod N map @endpoints-P-<generation>-<shard>`:
-the chain's fixed key (F1, F2) and an index, looked up in the protocol's
-shared endpoints map (the shard F1 picks), whose elements (one per endpoint, named by kube-proxy's
-KUBE-SEP-<h> in their comment) the port owns. So a changed endpoint is
-elements only, and the table holds one rule per chooser whatever its
-endpoints (the kernel validates every rule of the table when a commit adds
-a jump or a NAT rule: docs/architecture.md). With ClientIP affinity the
-chooser is the numgen cascade, DNATing inline: rule i of n is `numgen
-random mod (n-i) == 0 update @affinity { ip saddr . K1 . K2 timeout T } meta
-l4proto P dnat to EP`, the last without numgen, after one lookup rule per
-endpoint, `ip saddr . K1 . K2 @affinity` (K: the endpoint's key, from its
-KUBE-SEP-<h>); one shared set remembers every client of every endpoint.
-Everything else a port needs is elements of shared sets and maps: dispatch
-(service-ips, ...), hairpin (endpoint . endpoint), loadBalancerSourceRanges
-(firewall-vips, firewall-allow; KUBE-FW-<h> in the comment). A port declares
-no set of its own (docs/architecture.md, "The ruleset", has the measurements
-behind this shape).
+A port without ClientIP affinity has no chain: each of its destinations
+is an element that goes to the shared chooser of its endpoint count (an
+eTP=Local external destination: to the shared external-local chain, whose
+maps the port fills with its cluster and local choosers), and the port owns
+the elements the chooser picks from (rules/dispatch.py has the shape). A
+port with ClientIP affinity keeps kube-proxy's chains, in the affinity
+table: KUBE-SVC (Cluster-policy chooser), KUBE-SVL (Local-policy chooser),
+KUBE-EXT (external destinations). Their chooser is kube-proxy's numgen
+cascade, DNATing inline: rule i of n is `numgen random mod (n-i) == 0
+update @affinity { ip saddr . K1 . K2 timeout T } meta l4proto P dnat to
+EP`, the last without numgen, after one lookup rule per endpoint, `ip
+saddr . K1 . K2 @affinity` (K: the endpoint's key, from its KUBE-SEP-<h>);
+one shared set remembers every client of every endpoint. Everything else a
+port needs is elements of shared sets and maps: dispatch (service-ips,
+...), hairpin (endpoint . endpoint), loadBalancerSourceRanges
+(firewall-vips, firewall-allow; KUBE-FW-<h> in the comment).
 """
 
 from __future__ import annotations
@@ -42,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import Endpoint, IPFamily, NodeInfo, ServicePort
-from nftproxy.core.rules import dispatch, expr, names, picks
+from nftproxy.core.rules import dispatch, expr, names
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.rules.detect import LocalDetector, masquerade_source
 from nftproxy.core.rules.fragment import (
@@ -50,8 +39,8 @@ from nftproxy.core.rules.fragment import (
     Element,
     Fragment,
     Json,
-    Key,
     Rule,
+    Shared,
     Target,
     Verdict,
     affinity_table_name,
@@ -63,7 +52,6 @@ __all__ = ["PortPlan", "RenderContext", "RenderedPort", "plan_port", "render_ser
 REJECT = Verdict("goto", sk.REJECT)
 DROP = Verdict("drop")
 ACCEPT = Verdict("accept")
-CONTINUE = Verdict("continue")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,16 +62,8 @@ class RenderContext:
     config: ProxyConfig
     node: NodeInfo
     detector: LocalDetector | None
-    generation: str = sk.GENERATIONS[0]
-    """Which endpoints maps the chooser rules pick from (skeleton.GENERATIONS)."""
-    pick_trees: bool = False
-    """A shared destination's `service-ips` / `service-nodeports` element is
-    `continue` and the pick tree leads to its chooser (rules/picks.py: plain
-    elements, which a commit adds without the kernel re-validating the
-    table): what a partial sync renders. Else the element is a goto to the
-    chooser, one set lookup fewer per new connection: what a full sync
-    renders, so that every destination a partial sync changed goes back
-    to the goto at the next one."""
+    choosers: dispatch.Choosers = field(compare=False)
+    """The shared choosers the render's ports use (skeleton.choosers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +80,18 @@ class PortPlan:
     uses_fw_chain: bool
     shared: bool
     """Every destination of the port goes through the shared choosers
-    (rules/dispatch.py) and the port has no chain of its own (`_shares`)."""
+    (rules/dispatch.py) and the port has no chain of its own: all but
+    ClientIP affinity."""
     label: str
     """str(port.name), as comments start."""
     seps: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     """The render's memo: endpoint address -> its KUBE-SEP name (an endpoint
     is named once per destination: cluster IP, node port, external IPs)."""
+    uses: dict[int, Shared] = field(default_factory=dict, compare=False, repr=False)
+    """The shared choosers and chains the port's elements go to, by identity."""
+
+    def use(self, shared: Shared) -> None:
+        self.uses.setdefault(id(shared), shared)
 
     @property
     def internal_chain(self) -> str:
@@ -159,31 +145,13 @@ def plan_port(port: ServicePort, endpoints: Sequence[Endpoint], ctx: RenderConte
         uses_local_chain=bool(cats.local) and port.uses_local_endpoints,
         uses_ext_chain=uses_ext_chain,
         uses_fw_chain=bool(port.load_balancer_vips and port.load_balancer_source_ranges),
-        shared=_shares(port, cats, has_internal, uses_ext_chain),
+        shared=not port.affinity,
         label=str(port.name),
     )
 
 
 def _internal_endpoints(port: ServicePort, cats: EndpointCategories) -> tuple[Endpoint, ...]:
     return cats.local if port.internal_policy_local else cats.cluster
-
-
-def _shares(
-    port: ServicePort, cats: EndpointCategories, has_internal: bool, uses_ext_chain: bool
-) -> bool:
-    """Whether the port goes through the shared choosers: no ClientIP
-    affinity, and 1..DISPATCH_MAX endpoints wherever it sends traffic (its
-    cluster IP: the internal chooser's; its external destinations: the
-    cluster endpoints, and with eTP=Local its local ones where it has any)."""
-    if port.affinity:
-        return False
-    local = uses_ext_chain and port.external_policy_local and bool(cats.local)
-    served = (
-        (has_internal, _internal_endpoints(port, cats)),
-        (uses_ext_chain, cats.cluster),
-        (local, cats.local),
-    )
-    return all(0 < len(eps) <= dispatch.DISPATCH_MAX for used, eps in served if used)
 
 
 def _key(ip: str, port: ServicePort, number: int) -> tuple[str, str, int]:
@@ -258,50 +226,37 @@ def _shared_vip(
     choosers map) to the shared chooser of len(endpoints) (its comment names
     the chain kube-proxy would send it to, `identity`), and the elements
     (VIP, port, i) -> endpoint i that chooser picks from."""
-    port, g = p.port, ctx.generation
-    chooser = dispatch.dispatch_chain(port.protocol, g, len(endpoints), local=local)
+    if not endpoints:
+        return []
+    port = p.port
+    chooser = ctx.choosers.vip(port.protocol, len(endpoints), local=local)
+    p.use(chooser)
     comment = names.tagged(str(port.name), identity)
-    key = _key(vip, port, port.port)
-    map_name = dispatch.vip_endpoints_map(port.protocol, g, local=local)
+    goto = Verdict("goto", chooser.chains[0].name)
+    map_name = dispatch.vip_endpoints_map(port.protocol, local=local)
     return [
-        *_to_chooser(table, key, chooser, comment, len(endpoints), ctx),
+        Element(table, _key(vip, port, port.port), goto, comment),
         *_picked(p, map_name, (vip, port.port), endpoints),
     ]
-
-
-def _to_chooser(
-    table: str, key: Key, chooser: str, comment: str, count: int, ctx: RenderContext
-) -> list[Element]:
-    """A destination's way to its shared chooser: a goto element in `table`,
-    or, where ctx.pick_trees and `table` is `service-ips` /
-    `service-nodeports`, a `continue` element and the pick tree's elements
-    (an eTP=Local choosers map always has the goto)."""
-    if ctx.pick_trees and table in _DISPATCH_MAPS:
-        nodeport = table == sk.SERVICE_NODEPORTS
-        return [
-            Element(table, key, CONTINUE, comment),
-            *picks.selector_elements(key, count, ctx.generation, nodeport=nodeport),
-        ]
-    return [Element(table, key, Verdict("goto", chooser), comment)]
 
 
 def _local_vip(p: PortPlan, vip: str, ctx: RenderContext) -> list[Element]:
     """An eTP=Local external destination: its service-ips element to the
     external-local chain (KUBE-EXT-<h>), its cluster chooser (KUBE-SVC-<h>)
     and, with local endpoints, its local one (KUBE-SVL-<h>)."""
-    port, g = p.port, ctx.generation
+    port = p.port
     spn, label = port.name, str(port.name)
-    ext = Verdict("goto", dispatch.external_local_chain(g))
+    p.use(ctx.choosers.external_local(nodeport=False))
     out = [
         Element(
             sk.SERVICE_IPS,
             _key(vip, port, port.port),
-            ext,
+            Verdict("goto", dispatch.EXTERNAL_LOCAL),
             names.tagged(label, names.external_chain(spn)),
         )
     ]
     for local, endpoints, identity in _local_policy_choosers(p):
-        table = dispatch.choosers_map(g, nodeport=False, local=local)
+        table = dispatch.choosers_map(nodeport=False, local=local)
         out += _shared_vip(p, vip, endpoints, identity, ctx, table=table, local=local)
     return out
 
@@ -330,13 +285,16 @@ def _shared_nodeport(
     node port's choosers map) to the shared chooser of len(endpoints) (its
     comment names the chain kube-proxy would send it to, `identity`), and
     the elements (node port, i) -> endpoint i it picks from."""
-    port, g = p.port, ctx.generation
-    chooser = dispatch.nodeport_dispatch_chain(port.protocol, g, len(endpoints), local=local)
+    if not endpoints:
+        return []
+    port = p.port
+    chooser = ctx.choosers.nodeport(port.protocol, len(endpoints), local=local)
+    p.use(chooser)
     comment = names.tagged(str(port.name), identity)
-    key = (port.protocol.nft, port.node_port)
-    map_name = dispatch.nodeport_endpoints_map(port.protocol, g, local=local)
+    goto = Verdict("goto", chooser.chains[0].name)
+    map_name = dispatch.nodeport_endpoints_map(port.protocol, local=local)
     return [
-        *_to_chooser(table, key, chooser, comment, len(endpoints), ctx),
+        Element(table, (port.protocol.nft, port.node_port), goto, comment),
         *_picked(p, map_name, (port.node_port,), endpoints),
     ]
 
@@ -345,13 +303,14 @@ def _local_nodeport(p: PortPlan, ctx: RenderContext) -> list[Element]:
     """An eTP=Local node port: its service-nodeports element to the
     nodeport-local chain (KUBE-EXT-<h>), its cluster chooser (KUBE-SVC-<h>)
     and, with local endpoints, its local one (KUBE-SVL-<h>)."""
-    port, g = p.port, ctx.generation
+    port = p.port
     spn, label = port.name, str(port.name)
-    ext = Verdict("goto", dispatch.nodeport_local_chain(g))
+    p.use(ctx.choosers.external_local(nodeport=True))
+    ext = Verdict("goto", dispatch.NODEPORT_LOCAL)
     key = (port.protocol.nft, port.node_port)
     out = [Element(sk.SERVICE_NODEPORTS, key, ext, names.tagged(label, names.external_chain(spn)))]
     for local, endpoints, identity in _local_policy_choosers(p):
-        table = dispatch.choosers_map(g, nodeport=True, local=local)
+        table = dispatch.choosers_map(nodeport=True, local=local)
         out += _shared_nodeport(p, endpoints, identity, ctx, table=table, local=local)
     return out
 
@@ -403,6 +362,7 @@ def _affinity_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderCon
     each rule DNATing to its endpoint (named by its KUBE-SEP identity in the
     comment) and refreshing the client's entry for it in the shared
     affinity set."""
+    p.use(ctx.choosers.affinity())
     keys = [names.affinity_key(p.port.name, ep) for ep in endpoints]
     tails = [_endpoint_tail(p, ep, fixed, ctx) for ep, fixed in zip(endpoints, keys, strict=True)]
     rules: list[Rule] = []
@@ -416,26 +376,10 @@ def _affinity_rules(p: PortPlan, endpoints: tuple[Endpoint, ...], ctx: RenderCon
     return rules
 
 
-def _map_pick(
-    p: PortPlan, chain: str, endpoints: tuple[Endpoint, ...], ctx: RenderContext
-) -> tuple[Rule, list[Element]]:
-    """One rule picks (chain key, i) in the protocol's endpoints map, whose
-    element i DNATs to endpoint i (named by its KUBE-SEP identity in the
-    element's comment): changing endpoints is elements only while their
-    count stays."""
-    fixed = names.endpoints_key(chain)
-    map_name = sk.endpoints_map(p.port.protocol, ctx.generation, sk.endpoints_shard(fixed))
-    n = len(endpoints)
-    dnat = expr.dnat_map(ctx.family, fixed, n, map_name)
-    rule = Rule((expr.l4proto(p.port.protocol), dnat), f"{p.port.name} -> {n} endpoints")
-    return rule, _picked(p, map_name, fixed, endpoints)
-
-
-def _policy_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[Element]]:
-    """KUBE-SVC / KUBE-SVL, and the endpoints-map elements they pick from."""
+def _policy_chains(p: PortPlan, ctx: RenderContext) -> list[Chain]:
+    """KUBE-SVC / KUBE-SVL of a port with ClientIP affinity."""
     spn = p.port.name
     chains: list[Chain] = []
-    elements: list[Element] = []
     for used, name, eps, is_local in (
         (p.uses_cluster_chain, names.service_chain(spn), p.cats.cluster, False),
         (p.uses_local_chain, names.local_chain(spn), p.cats.local, True),
@@ -444,14 +388,9 @@ def _policy_chains(p: PortPlan, ctx: RenderContext) -> tuple[list[Chain], list[E
             continue
         internal = p.has_internal and is_local == p.port.internal_policy_local
         rules = _masquerade_rule(p, ctx) if internal else []
-        if p.port.affinity:
-            rules += _affinity_rules(p, eps, ctx)
-        else:
-            pick, picked = _map_pick(p, name, eps, ctx)
-            rules.append(pick)
-            elements += picked
+        rules += _affinity_rules(p, eps, ctx)
         chains.append(Chain(name, tuple(rules)))
-    return chains, elements
+    return chains
 
 
 def _external_chain(p: PortPlan, ctx: RenderContext) -> list[Chain]:
@@ -524,7 +463,7 @@ def _net(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
 
 def _hairpin_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
     """endpoint . endpoint for each reachable endpoint that can be its own
-    client here, in the generation's hairpin set: KUBE-POSTROUTING
+    client here: KUBE-POSTROUTING
     masquerades a DNATed packet whose source is the endpoint it was sent to.
 
     An endpoint on another node never is: its packets to a service are
@@ -532,8 +471,7 @@ def _hairpin_elements(p: PortPlan, ctx: RenderContext) -> list[Element]:
     fills KUBE-LOOP-BACK with local endpoints only). One without a node, or
     any when this node's name is unknown, might be, and keeps its element."""
     ips = sorted({ep.ip for ep in p.cats.reachable if _may_hairpin_here(ep, ctx.node)})
-    name = sk.hairpin_set(ctx.generation)
-    return [Element(name, (ip, ip)) for ip in ips]
+    return [Element(sk.HAIRPIN_ENDPOINTS, (ip, ip)) for ip in ips]
 
 
 def _may_hairpin_here(ep: Endpoint, node: NodeInfo) -> bool:
@@ -553,8 +491,8 @@ def _in_affinity_table(
     without NAT, and the same key's goto in the affinity table's map of the
     same name. A commit that adds a goto element to the main table then
     makes the kernel re-validate the main table only, without the affinity
-    ports' cascades of two rules per endpoint (bench/RESULTS.md, sixteenth
-    pass). Their other elements stay in the main table."""
+    ports' cascades of two rules per endpoint. Their other elements stay in
+    the main table."""
     own = {c.name for c in chains}
     out: list[Element] = []
     for e in elements:
@@ -570,10 +508,8 @@ def render_service_port(
 ) -> RenderedPort:
     """The whole fragment of one service port in ctx.family's table."""
     p = plan_port(port, endpoints, ctx)
-    policy, picked = ([], []) if p.shared else _policy_chains(p, ctx)
-    chains = (*policy, *([] if p.shared else _external_chain(p, ctx)))
+    chains = () if p.shared else (*_policy_chains(p, ctx), *_external_chain(p, ctx))
     elements = (
-        *picked,
         *_cluster_ip_elements(p, ctx),
         *_external_elements(p, ctx),
         *_nodeport_elements(p, ctx),
@@ -582,7 +518,7 @@ def render_service_port(
     )
     if port.affinity:
         chains, elements = _in_affinity_table(chains, elements)
-    fragment = Fragment(ctx.family, chains, (), elements)
+    fragment = Fragment(ctx.family, chains, (), elements, tuple(p.uses.values()))
     dropped_int = p.cats.has_any and not p.has_internal
     dropped_ext = p.cats.has_any and not p.has_external and port.externally_accessible
     return RenderedPort(fragment, dropped_int, dropped_ext)

@@ -7,14 +7,14 @@ content reaches the maps only as elements owned by service fragments.
 Packet path of a new connection (docs/upstream-nftables-notes.md §1.6):
   filter prerouting/output -110  KUBE-FIREWALL-CHECK: loadBalancerSourceRanges, pre-DNAT
                                  (firewall-vips / firewall-allow sets)
-  nat prerouting/output -100     KUBE-SERVICES: service-ips vmap, the shared choosers' pick
-                                 tree (shared-vips-root), then KUBE-NODEPORTS
+  nat prerouting/output -100     KUBE-SERVICES: service-ips vmap (to the shared choosers,
+                                 rules/dispatch.py), then KUBE-NODEPORTS
   nat prerouting/output -99      the affinity table's KUBE-SERVICES (ports with ClientIP
                                  affinity, which the main table's maps `accept`)
   filter input/forward/output 0  KUBE-EXTERNAL-SERVICES: no-endpoint reject/drop (post-DNAT)
                                  KUBE-CLUSTER-IPS-CHECK: unknown ports / unallocated IPs
   filter forward 0               KUBE-FORWARD
-  nat postrouting 100            KUBE-POSTROUTING: mark hairpin (hairpin-endpoints[-b|-c]),
+  nat postrouting 100            KUBE-POSTROUTING: mark hairpin (hairpin-endpoints),
                                  masquerade marked packets
 """
 
@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, L4Protocol, NodeInfo
-from nftproxy.core.rules import dispatch, expr, picks
+from nftproxy.core.rules import dispatch, expr
 from nftproxy.core.rules.detect import local_detector, masquerade_source
 from nftproxy.core.rules.fragment import (
     NUMGEN_KEY,
@@ -37,24 +37,6 @@ from nftproxy.core.rules.fragment import (
     SetDecl,
     affinity_table_name,
 )
-from nftproxy.core.rules.generations import (
-    ENDPOINTS,
-    ENDPOINTS_SHARDS,
-    GENERATIONS,
-    HAIRPIN_ENDPOINTS,
-    chain_generation,
-    endpoints_generation,
-    endpoints_map,
-    endpoints_shard,
-    generation_of,
-    hairpin_set,
-    is_choosers_map,
-    is_endpoints_map,
-    is_external_local_chain,
-    is_hairpin_set,
-    is_pick_chain,
-    is_unsharded_endpoints_map,
-)
 
 __all__ = [
     "AFFINITY",
@@ -62,14 +44,11 @@ __all__ = [
     "AFFINITY_SIZE",
     "CLUSTER_IPS",
     "CLUSTER_IPS_CHECK",
-    "ENDPOINTS",
-    "ENDPOINTS_SHARDS",
     "EXTERNAL_SERVICES",
     "FIREWALL_ALLOW",
     "FIREWALL_CHECK",
     "FIREWALL_VIPS",
     "FORWARD",
-    "GENERATIONS",
     "HAIRPIN_ENDPOINTS",
     "MARK_MASQ",
     "MASQUERADE_NODEPORTS",
@@ -86,18 +65,7 @@ __all__ = [
     "SERVICE_NODEPORTS",
     "addr_key",
     "addr_type",
-    "chain_generation",
-    "endpoints_generation",
-    "endpoints_map",
-    "endpoints_shard",
-    "generation_of",
-    "hairpin_set",
-    "is_choosers_map",
-    "is_endpoints_map",
-    "is_external_local_chain",
-    "is_hairpin_set",
-    "is_pick_chain",
-    "is_unsharded_endpoints_map",
+    "choosers",
     "nodeport_ips",
     "render_skeleton",
 ]
@@ -118,6 +86,7 @@ NO_ENDPOINT_SERVICES = "no-endpoint-services"
 NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
 FIREWALL_VIPS = "firewall-vips"
 FIREWALL_ALLOW = "firewall-allow"
+HAIRPIN_ENDPOINTS = "hairpin-endpoints"
 CLUSTER_IPS = "cluster-ips"
 NODEPORT_IPS = "nodeport-ips"
 SERVICE_CIDRS = "service-cidrs"
@@ -135,27 +104,12 @@ def addr_type(family: IPFamily) -> str:
     return "ipv4_addr" if family is IPFamily.IPV4 else "ipv6_addr"
 
 
-def _endpoints_maps(family: IPFamily, generation: str) -> tuple[SetDecl, ...]:
-    """Chooser chain's key (its fixed halves, endpoint index) -> address . port."""
-    key = (NUMGEN_KEY, NUMGEN_KEY, NUMGEN_KEY)
-    return tuple(
-        SetDecl.data_map(
-            endpoints_map(p, generation, k),
-            key,
-            (addr_key(family, "daddr"), f"{p.nft} dport"),
-            comment=f"{p.nft} endpoints: chooser chain key . index -> endpoint",
-        )
-        for p in L4Protocol
-        for k in range(ENDPOINTS_SHARDS)
-    )
-
-
 def _affinity_set(family: IPFamily) -> SetDecl:
     """ClientIP affinity, one set for every endpoint: client . the endpoint's
     key (names.endpoints_key of its KUBE-SEP-<h>), added and refreshed by the
     chooser rules with the port's timeout, so adding an endpoint with
     affinity adds no set (each named set slows libnftables' cache and the
-    kernel's set lookups: docs/architecture.md)."""
+    kernel's set lookups)."""
     return SetDecl.keyed(
         AFFINITY,
         (addr_key(family, "saddr"), NUMGEN_KEY, NUMGEN_KEY),
@@ -243,7 +197,6 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                     expr.vmap(daddr_key, SERVICE_IPS),
                     comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
                 ),
-                picks.selector_rule(nodeport=False),
                 _rule(
                     *nodeport_dst, expr.goto(NODEPORTS), comment="NodePort traffic (must be last)"
                 ),
@@ -258,7 +211,6 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
                     comment="node ports of services with shared choosers",
                 ),
                 _rule(expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS)),
-                picks.selector_rule(nodeport=True),
             ),
         ),
         Chain(FIREWALL_CHECK, (_source_range_rule(family),)),
@@ -316,20 +268,16 @@ def _source_range_rule(family: IPFamily) -> Rule:
     )
 
 
-def _hairpin_rules(family: IPFamily, bit: int) -> tuple[Rule, ...]:
+def _hairpin_rule(family: IPFamily, bit: int) -> Rule:
     """After DNAT the destination is the chosen endpoint: source == destination
     (an endpoint . endpoint element) is exactly "the client is the endpoint
-    it was sent to", which kube-proxy masquerades. One rule per generation's
-    set (`hairpin_set`)."""
+    it was sent to", which kube-proxy masquerades."""
     pair = {"concat": [expr.payload(family, "saddr"), expr.payload(family, "daddr")]}
-    return tuple(
-        _rule(
-            expr.match({"ct": {"key": "status"}}, "dnat", "in"),
-            expr.match(pair, "@" + hairpin_set(g)),
-            expr.mark_set(bit),
-            comment="hairpin: the client is the endpoint it was sent to",
-        )
-        for g in GENERATIONS
+    return _rule(
+        expr.match({"ct": {"key": "status"}}, "dnat", "in"),
+        expr.match(pair, "@" + HAIRPIN_ENDPOINTS),
+        expr.mark_set(bit),
+        comment="hairpin: the client is the endpoint it was sent to",
     )
 
 
@@ -360,7 +308,7 @@ def _helper_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
         Chain(
             POSTROUTING,
             (
-                *_hairpin_rules(family, bit),
+                _hairpin_rule(family, bit),
                 _rule(expr.mark_is_clear(bit), expr.ret()),
                 _rule(expr.mark_clear(bit)),
                 _rule(expr.masquerade()),
@@ -435,13 +383,10 @@ def _maps_and_sets(
             flags=("interval",),
             comment="LoadBalancer IP . allowed source range",
         ),
-        *(
-            SetDecl.keyed(
-                hairpin_set(g),
-                (addr_key(family, "saddr"), addr_key(family, "daddr")),
-                comment="endpoint . endpoint: hairpin connections",
-            )
-            for g in GENERATIONS
+        SetDecl.keyed(
+            HAIRPIN_ENDPOINTS,
+            (addr_key(family, "saddr"), addr_key(family, "daddr")),
+            comment="endpoint . endpoint: hairpin connections",
         ),
         SetDecl.keyed(CLUSTER_IPS, addr, comment="Active ClusterIPs"),
         SetDecl.keyed(
@@ -461,18 +406,26 @@ def _maps_and_sets(
 
 
 def render_skeleton(
-    family: IPFamily,
-    config: ProxyConfig,
-    node: NodeInfo,
-    service_cidrs: tuple[str, ...] = (),
-    generation: str = GENERATIONS[0],
+    family: IPFamily, config: ProxyConfig, node: NodeInfo, service_cidrs: tuple[str, ...] = ()
 ) -> Fragment:
-    """The skeleton of `family`'s table; `service_cidrs` are this family's;
-    `generation` names its endpoints maps and shared choosers."""
+    """The fixed part of `family`'s table; `service_cidrs` are this family's."""
+    chains = (
+        *_base_chains(),
+        *_lookup_chains(family, config),
+        *_helper_chains(family, config),
+    )
+    sets = _maps_and_sets(family, config, node, service_cidrs)
+    aside_chains, aside_sets = _affinity_table(family, config, node)
+    return Fragment(family, (*chains, *aside_chains), (*sets, *aside_sets))
+
+
+def choosers(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> dispatch.Choosers:
+    """The shared choosers of `family`'s render. Those of a cluster IP start
+    with kube-proxy's KUBE-SVC masquerade rule, matched on the cluster IP:
+    an eTP=Local external destination's pod traffic reaches the same
+    chooser unmarked."""
     detector = local_detector(family, config, node)
     source = masquerade_source(config, detector)
-    # kube-proxy's KUBE-SVC rule matches the cluster IP: an eTP=Local external
-    # destination's pod traffic reaches the same chooser unmarked (masqueradeAll too)
     cluster_ip = expr.set_lookup(family, "daddr", CLUSTER_IPS)
     masq = (
         ()
@@ -480,22 +433,8 @@ def render_skeleton(
         else (_rule(cluster_ip, *source, expr.jump(MARK_MASQ), comment="cluster IP"),)
     )
     pods = None if detector is None else detector.if_local
-    chains = (
-        *_base_chains(),
-        *_lookup_chains(family, config),
-        *_helper_chains(family, config),
-        *dispatch.dispatch_chains(family, generation, masq),
-        *picks.pick_chains(family, generation),
-        *dispatch.external_local_chains(family, generation, pods, MARK_MASQ),
-    )
-    sets = (
-        *_maps_and_sets(family, config, node, service_cidrs),
-        *_endpoints_maps(family, generation),
-        *dispatch.dispatch_maps(family, generation),
-        *picks.selector_sets(family, generation),
-    )
-    aside_chains, aside_sets = _affinity_table(family, config, node)
-    return Fragment(family, (*chains, *aside_chains), (*sets, *aside_sets))
+    affinity = replace(_affinity_set(family), name=affinity_table_name(AFFINITY))
+    return dispatch.Choosers(family, masq, pods, MARK_MASQ, affinity)
 
 
 AFFINITY_NAT_PRIORITY = -99
@@ -508,13 +447,14 @@ destination ends its chain without NAT."""
 def _affinity_table(
     family: IPFamily, config: ProxyConfig, node: NodeInfo
 ) -> tuple[tuple[Chain, ...], tuple[SetDecl, ...]]:
-    """The affinity table (fragment.AFFINITY_TABLE): the shared affinity
-    set, the dispatch maps of the ports with ClientIP affinity (their
-    elements go to the ports' KUBE-SVC/SVL/EXT chains, which live there
-    too), a KUBE-MARK-MASQ of its own, and nat chains that look the
-    destination up after the main table's. Everything else those ports
-    need -- source ranges, no-endpoint verdicts, cluster-IP checks, hairpin
-    and masquerade -- stays in the main table."""
+    """The affinity table (fragment.AFFINITY_TABLE): the dispatch maps of
+    the ports with ClientIP affinity (their elements go to the ports'
+    KUBE-SVC/SVL/EXT chains, which live there too, with the affinity set
+    they use: dispatch.Choosers.affinity), a KUBE-MARK-MASQ of its own, and
+    nat chains that look the destination up after the main table's.
+    Everything else those ports need -- source ranges, no-endpoint
+    verdicts, cluster-IP checks, hairpin and masquerade -- stays in the
+    main table."""
     services = Chain(
         SERVICES,
         _by_destination(
@@ -533,7 +473,6 @@ def _affinity_table(
     )
     main = {d.name: d for d in _maps_and_sets(family, config, node, ())}
     sets = (
-        _affinity_set(family),
         main[SERVICE_IPS],
         main[SERVICE_NODEPORTS],
         main[NODEPORT_IPS],

@@ -5,25 +5,24 @@ turn one ended `Flow` into a `Path`. The walk itself knows nothing of
 Kubernetes; here the rules that acted are recognised by their chains and
 the sets they look up:
 - masquerade: the rule that set the mark -- the hairpin rule of
-  KUBE-POSTROUTING (its `hairpin-endpoints[-b|-c]` lookups: the client is the
+  KUBE-POSTROUTING (its `hairpin-endpoints` lookup: the client is the
   endpoint), or the rule that jumped to the marking chain: a KUBE-SVC/SVL
-  cluster-IP rule, or the one of a shared chooser (ruleset v7's
-  `dispatch-<p>-<g>-<N>`, which stands in for them), with a source
-  condition (off-cluster source) or without one (masqueradeAll), a KUBE-EXT
-  rule (externalTrafficPolicy=Cluster, or the node's own traffic to a Local
-  one; ruleset v8's shared `external-local-<g>` / `nodeport-local-<g>`
-  chains do what KUBE-EXT does for eTP=Local ports), or the KUBE-SERVICES /
-  KUBE-NODEPORTS rule that looks the
-  destination up in `masquerade-vips` / `masquerade-nodeports` (ruleset v7:
-  KUBE-EXT's marking of an eTP=Cluster external destination whose element
-  goes to a shared chooser; the element names the KUBE-EXT-<h>, and the
-  chooser's own cluster-IP rule, which marks it again, adds no reason);
+  cluster-IP rule, or the one of a shared chooser (`dispatch-<p>-<N>`,
+  which stands in for them), with a source condition (off-cluster source)
+  or without one (masqueradeAll), a KUBE-EXT rule (externalTrafficPolicy=
+  Cluster, or the node's own traffic to a Local one; the shared
+  `external-local` / `nodeport-local` chains do what KUBE-EXT does for
+  eTP=Local ports), or the KUBE-SERVICES / KUBE-NODEPORTS rule that looks
+  the destination up in `masquerade-vips` / `masquerade-nodeports`
+  (KUBE-EXT's marking of an eTP=Cluster external destination; the element
+  names the KUBE-EXT-<h>, and the chooser's own cluster-IP rule, which
+  marks it again, adds no reason);
 - drop / reject: the `firewall-allow` rule of KUBE-FIREWALL-CHECK
   (loadBalancerSourceRanges), an element of a no-endpoint map (no
   endpoints -> reject; Local policy without a local endpoint -> drop), the
   cluster-ips set (an unknown port of a cluster IP) or the service-cidrs set
   (an unallocated ServiceCIDR address).
-kube-proxy's names that are no chains in ruleset v2 come from comments
+kube-proxy's names that are no chains here come from comments
 (identity.py): the endpoint's KUBE-SEP-<h> from the comment of the
 endpoints map's element (or of the cascade rule) that DNATed, the port's
 KUBE-FW-<h> from the `firewall-vips` element matched, and for a port whose
@@ -36,6 +35,7 @@ Anything else is named by its chain and rule, never guessed.
 from __future__ import annotations
 
 from nftproxy.core.address import format_address
+from nftproxy.core.rules import dispatch
 from nftproxy.core.rules import skeleton as sk
 from nftproxy.core.trace import syntax as sx
 from nftproxy.core.trace.flow import Affinity, ElementHit, Flow, MarkSet, Where
@@ -92,7 +92,7 @@ def explain(flow: Flow, rs: Ruleset) -> Path:
         affinity=_affinity(flow.affinity, str(flow.saddr)),
         reject_with=flow.reject_with,
         steps=flow.steps,
-        chooser=next((c for c in reversed(shared) if not sk.is_external_local_chain(c)), ""),
+        chooser=next((c for c in reversed(shared) if not dispatch.is_external_local_chain(c)), ""),
     )
 
 
@@ -106,30 +106,14 @@ def _service(flow: Flow, firewall: ElementHit | None) -> str:
 
 
 def _shared_choosers(flow: Flow) -> dict[str, str]:
-    """Shared choosers entered (ruleset v7), each with the KUBE-SVC/SVL/EXT-<h>
+    """Shared choosers entered, each with the KUBE-SVC/SVL/EXT-<h>
     its map element's comment says it stands for."""
     out: dict[str, str] = {}
     for e in flow.elements:
         target = e.verdict.split()[-1] if e.verdict else ""
-        if _is_shared_chooser(target) and chooser(e.comment):
+        if dispatch.is_shared_chain(target) and chooser(e.comment):
             out.setdefault(target, chooser(e.comment))
-        elif target == "continue" and chooser(e.comment):
-            # ruleset v10: the pick tree led to the chooser (rules/picks.py)
-            leaf = next((s.chain for s in flow.steps if _is_leaf(s.chain)), None)
-            if leaf is not None:
-                out.setdefault(leaf, chooser(e.comment))
     return out
-
-
-def _is_shared_chooser(chain: str) -> bool:
-    return sk.chain_generation(chain) is not None
-
-
-def _is_leaf(chain: str) -> bool:
-    """A shared chooser a pick tree goes to (not a tree node, not external-local)."""
-    return _is_shared_chooser(chain) and not (
-        sk.is_pick_chain(chain) or sk.is_external_local_chain(chain)
-    )
 
 
 def _service_chains(flow: Flow, shared: dict[str, str]) -> tuple[str, ...]:
@@ -171,9 +155,7 @@ def _looks_up(rule: Rule, set_name: str) -> bool:
 
 
 def _looks_up_hairpin(rule: Rule) -> bool:
-    return any(
-        isinstance(m.right, sx.SetRef) and sk.is_hairpin_set(m.right.name) for m in _matches(rule)
-    )
+    return _looks_up(rule, sk.HAIRPIN_ENDPOINTS)
 
 
 # --- masquerade --------------------------------------------------------------------------
@@ -198,11 +180,11 @@ def _mark_reason(flow: Flow, mark: MarkSet, rs: Ruleset, shared: dict[str, str])
     marked = next((s for s in _MARKING_SETS if _looks_up(caller, s)), None)
     if marked is not None:
         return _external_mark(flow, caller, marked)
-    if chain.startswith("KUBE-EXT-") or sk.is_external_local_chain(chain):
+    if chain.startswith("KUBE-EXT-") or dispatch.is_external_local_chain(chain):
         return _external_chain_mark(caller)
     if shared.get(chain, "").startswith(EXTERNAL):
         return _EXTERNAL_CLUSTER
-    if chain.startswith(("KUBE-SVC-", "KUBE-SVL-")) or _is_shared_chooser(chain):
+    if chain.startswith(("KUBE-SVC-", "KUBE-SVL-")) or dispatch.is_shared_chain(chain):
         if any(_is_source_match(m) for m in _matches(caller)):
             return "off-cluster source to a cluster IP (not from a pod on this node)"
         return "masqueradeAll: all traffic to the cluster IP is masqueraded"

@@ -1,15 +1,15 @@
-"""kube-proxy's chain names where ruleset v2 keeps them: in comments.
+"""kube-proxy's chain names where nftproxy's ruleset keeps them: in comments.
 
 Layer: core/trace (pure; the names are core/rules/names.py's). One job:
-read the KUBE-* identity a comment carries. Ruleset v2 has no KUBE-SEP or
-KUBE-FW chains; the element of the endpoints map that DNATs to an
-endpoint (ruleset v3; the cascade rule, for a port with ClientIP
-affinity) ends its comment with the endpoint's `KUBE-SEP-<h>`
+read the KUBE-* identity a comment carries. The ruleset has no KUBE-SEP
+or KUBE-FW chains; the element of the endpoints map that DNATs to an
+endpoint (the cascade rule, for a port with ClientIP affinity) ends its
+comment with the endpoint's `KUBE-SEP-<h>`
 ("ns/svc:port -> 10.0.1.5:8080 KUBE-SEP-<h>", `names.tagged` keeps it
 inside the comment budget), and an
 element of `firewall-vips` starts with the port's `KUBE-FW-<h>`
 ("KUBE-FW-<h> ns/svc:port"). A port whose destinations go to shared
-choosers (ruleset v7: `service-ips` / `service-nodeports` element -> goto
+choosers (a `service-ips` / `service-nodeports` element -> goto
 `dispatch-<p>-<g>-<N>` / `dispatch-nodeport-<p>-<g>-<N>`) has no chain of
 its own: each element's comment ends with the chain kube-proxy would send
 it to ("ns/svc:port KUBE-SVC-<h>" for the cluster IP, KUBE-SVL-<h> for

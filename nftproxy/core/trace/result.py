@@ -3,13 +3,13 @@
 Layer: core/trace (pure). One job: the trace's output vocabulary -- per
 path its probability, the verdict (accept / drop / reject) and where an
 accepted packet went, the service port, its KUBE-SVC/SVL/EXT chains (and
-the shared chooser that stands in for its KUBE-SVC/SVL/EXT, ruleset v7) and the
+the shared chooser that stands in for its KUBE-SVC/SVL/EXT) and the
 KUBE-FW-<h> of its source-range check, the endpoint (DNAT target, the chain
 that DNATed and the endpoint's KUBE-SEP-<h>), whether it is masqueraded,
 the reasons, the affinity note, and every step on the way -- and their JSON
 form (probabilities as fractions and as floats). KUBE-SEP-<h> and
-KUBE-FW-<h> are kube-proxy's chain names, which ruleset v2 keeps in
-comments (identity.py): what an operator finds in `iptables-save`.
+KUBE-FW-<h> are kube-proxy's chain names, which nftproxy's ruleset keeps
+in comments (identity.py): what an operator finds in `iptables-save`.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class Path:
     """KUBE-FW-<h> of the port whose loadBalancerSourceRanges checked the
     packet (a `firewall-vips` element matched), allowed or dropped; or ""."""
     chooser: str = ""
-    """The shared chooser the destination went to (ruleset v7, for a port
-    without chains of its own: `dispatch-<proto>-<g>-<N>` for a cluster IP,
+    """The shared chooser the destination went to (for a port without
+    chains of its own: `dispatch-<proto>-<g>-<N>` for a cluster IP,
     external IP or LB VIP, `dispatch-nodeport-<proto>-<g>-<N>` for the node
     port), or ""."""
 

@@ -165,8 +165,8 @@ class Mangle:
 @dataclass(frozen=True, slots=True)
 class SetUpdate:
     """`update @set { ELEM [timeout Ns] }` / `add @set { ... }` (session
-    affinity: ruleset v4's `ip saddr . K1 . K2 timeout N` in the shared
-    set, the element's own timeout; v3's `ip saddr`, the set's)."""
+    affinity: `ip saddr . K1 . K2 timeout N` in the shared set, with the
+    element's own timeout; or a bare `ip saddr`, with the set's)."""
 
     op: str
     set: str
@@ -191,8 +191,8 @@ class Dnat:
 @dataclass(frozen=True, slots=True)
 class DnatMap:
     """`dnat ip to KEY map @name`: the address (and port) is the data of the
-    map's element for the key (ruleset v3's endpoint choice: the key is
-    two constant numgens, the chain's, and `numgen random mod N`)."""
+    map's element for the key (the endpoint choice: the key is two
+    constant numgens, the chain's, and `numgen random mod N`)."""
 
     key: Lookup
     map: str

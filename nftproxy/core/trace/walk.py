@@ -144,8 +144,8 @@ class _Rule:
         )
 
     def _timeout(self, set_name: str, own: int | None) -> int | None:
-        """An affinity entry's timeout: its own (ruleset v4's per-element
-        timeout), else its set's (v3)."""
+        """An affinity entry's timeout: its own (the shared set's
+        per-element timeout), else its set's."""
         return own if own is not None else self.rs.set_info(set_name).timeout
 
     def _pinned(self, name: str, element: Element, flow: Flow) -> Flow:
