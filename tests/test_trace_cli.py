@@ -10,7 +10,7 @@ Aspects:
   interpret, exit 1; without --source it needs root;
 - live: on a node programmed by `nftproxy sync`, tracing the programmed
   tables gives the same answer as tracing the files (kernel test);
-- README's trace examples are the command's real output;
+- docs/trace.md's examples are the command's real output;
 - the parser every `nftproxy` builds loads no trace interpreter.
 """
 
@@ -165,8 +165,8 @@ def _answers(text: str) -> list[Any]:
 
 
 def _readme_examples() -> list[tuple[list[str], list[str]]]:
-    """(argv, printed lines) of every `$ nftproxy trace` in README's trace section."""
-    text = (Path(SAMPLE).parents[2] / "README.md").read_text()
+    """(argv, printed lines) of every `$ nftproxy trace` in docs/trace.md's examples."""
+    text = (Path(SAMPLE).parents[2] / "docs" / "trace.md").read_text()
     section = text.split("## Tracing a packet", 1)[1].split("\n## ", 1)[0]
     examples: list[tuple[list[str], list[str]]] = []
     for block in section.split("```")[1::2]:
@@ -177,7 +177,7 @@ def _readme_examples() -> list[tuple[list[str], list[str]]]:
     return examples
 
 
-def test_readme_examples_are_real_output(
+def test_the_documented_examples_are_real_output(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     examples = _readme_examples()
