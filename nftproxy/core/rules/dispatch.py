@@ -36,6 +36,7 @@ deletes them with their last), so an empty node holds none.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nftproxy.core.model import IPFamily, L4Protocol
@@ -158,43 +159,48 @@ class Choosers:
 
     def affinity(self) -> Shared:
         """The affinity set, which every port with ClientIP affinity uses."""
-        if ("affinity",) not in self._made:
-            self._made[("affinity",)] = Shared.of((), (self.affinity_set,))
-        return self._made[("affinity",)]
+        return self._once(("affinity",), lambda: Shared.of((), (self.affinity_set,)))
 
     def vip(self, protocol: L4Protocol, count: int, *, local: bool = False) -> Shared:
         """dispatch[-local]-<proto>-<N> and the map it picks from."""
         key = ("vip", protocol, count, local)
-        if key not in self._made:
-            vips = vip_endpoints_map(protocol, local=local)
-            pick = expr.dnat_by_destination(self.family, protocol, count, vips)
-            which = "local endpoints" if local else "endpoints"
-            rule = Rule((expr.l4proto(protocol), pick), f"VIP -> {count} {which}")
-            first = () if local else self.masq
-            chain = Chain(dispatch_chain(protocol, count, local=local), (*first, rule))
-            self._made[key] = Shared.of((chain,), (self._vip_map(protocol, local),))
-        return self._made[key]
+        return self._once(key, lambda: self._chooser(protocol, count, local, nodeport=False))
 
     def nodeport(self, protocol: L4Protocol, count: int, *, local: bool = False) -> Shared:
         """dispatch-nodeport[-local]-<proto>-<N> and the map it picks from."""
         key = ("nodeport", protocol, count, local)
-        if key not in self._made:
-            ports = nodeport_endpoints_map(protocol, local=local)
-            pick = expr.dnat_by_port(self.family, protocol, count, ports)
-            which = "local endpoints" if local else "endpoints"
-            rule = Rule((expr.l4proto(protocol), pick), f"node port -> {count} {which}")
-            chain = Chain(nodeport_dispatch_chain(protocol, count, local=local), (rule,))
-            self._made[key] = Shared.of((chain,), (self._nodeport_map(protocol, local),))
-        return self._made[key]
+        return self._once(key, lambda: self._chooser(protocol, count, local, nodeport=True))
+
+    def _once(self, key: tuple[object, ...], build: Callable[[], Shared]) -> Shared:
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = build()
+        return made
+
+    def _chooser(self, protocol: L4Protocol, count: int, local: bool, *, nodeport: bool) -> Shared:
+        """A node port's chooser picks by port, a VIP's by address and port;
+        only the cluster VIP's starts with the masquerade rule."""
+        which = "local endpoints" if local else "endpoints"
+        first: tuple[Rule, ...] = ()
+        if nodeport:
+            decl = self._nodeport_map(protocol, local)
+            pick = expr.dnat_by_port(self.family, protocol, count, decl.name)
+            name = nodeport_dispatch_chain(protocol, count, local=local)
+        else:
+            decl = self._vip_map(protocol, local)
+            pick = expr.dnat_by_destination(self.family, protocol, count, decl.name)
+            name, first = dispatch_chain(protocol, count, local=local), () if local else self.masq
+        where = "node port" if nodeport else "VIP"
+        rule = Rule((expr.l4proto(protocol), pick), f"{where} -> {count} {which}")
+        return Shared.of((Chain(name, (*first, rule)),), (decl,))
 
     def external_local(self, *, nodeport: bool) -> Shared:
         """external-local (nodeport-local) and its two choosers maps."""
-        key = ("external-local", nodeport)
-        if key not in self._made:
-            chain = self._external_local_chain(nodeport)
+        def build() -> Shared:
             maps = tuple(self._choosers_map(nodeport, local) for local in _BOTH)
-            self._made[key] = Shared.of((chain,), maps)
-        return self._made[key]
+            return Shared.of((self._external_local_chain(nodeport),), maps)
+
+        return self._once(("external-local", nodeport), build)
 
     def _daddr(self) -> str:
         return f"{self.family.nft_family} daddr"
