@@ -482,7 +482,7 @@ def test_fake_refuses_what_it_does_not_model(fake: FakeBackend) -> None:
 
 # --- FakeBackend and the kernel agree ----------------------------------------
 
-E = "eq"
+E = "agree"
 
 
 def _rule_in(chain: str) -> list[Json]:
@@ -568,21 +568,21 @@ SCENARIO: list[tuple[str, list[Json]]] = [
     ),
     ("a chain held by a map element is busy", [verb("delete", "chain", E, "svc-a")]),
     ("a chain held by a rule is busy", [verb("delete", "chain", E, "ep-1")]),
-    ("goto to a missing chain", [add_rule(E, "svc-a", goto("missing"))]),
+    ("goto to a missing chain", [add_rule(E, "svc-a", goto("absent-one"))]),
     (
         "element goto to a missing chain",
-        [element("add", E, "service-ips", [vip("10.96.0.12", 80), goto("missing")])],
+        [element("add", E, "service-ips", [vip("10.96.0.12", 80), goto("absent-one")])],
     ),
     (
         "lookup of a missing set",
         [add_rule(E, "svc-a", {"match": {"op": "==", "left": SADDR, "right": "@nope"}})],
     ),
-    ("flush of a missing chain", [verb("flush", "chain", E, "missing")]),
-    ("delete of a missing set", [verb("delete", "set", E, "missing")]),
+    ("flush of a missing chain", [verb("flush", "chain", E, "absent-one")]),
+    ("delete of a missing set", [verb("delete", "set", E, "absent-one")]),
     ("delete of a missing element", [element("delete", E, "service-ips", vip("10.9.9.9", 1))]),
     (
         "a valid flush with a bad delete is all or nothing",
-        [verb("flush", "chain", E, "svc-a"), verb("delete", "chain", E, "missing")],
+        [verb("flush", "chain", E, "svc-a"), verb("delete", "chain", E, "absent-one")],
     ),
     ("a loop reachable from a base chain", [add_rule(E, "ep-1", jump("svc-a"))]),
     ("a jump to a base chain", [add_rule(E, "ep-1", jump("nat-prerouting"))]),
@@ -607,7 +607,7 @@ SCENARIO: list[tuple[str, list[Json]]] = [
         "... when created in the same batch",
         [add_chain(E, "x"), *_rule_in("x"), verb("delete", "chain", E, "x")],
     ),
-    ("a rule in a missing chain", _rule_in("missing")),
+    ("a rule in a missing chain", _rule_in("absent-one")),
     (
         "an element into a missing map",
         [element("add", E, "nope", [vip("10.9.9.9", 1), goto("ep-1")])],

@@ -129,7 +129,9 @@ def _chain(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
     if type(prio) is not int:
         raise NoText(f"priority {prio!r}")
     hook = f"type {_symbol(spec['type'])} hook {_symbol(spec['hook'])} priority {prio};"
-    return f"{text} {{ {hook} policy {_symbol(spec.get('policy', 'accept'))}; }}"
+    # Only a policy the JSON names: the kernel refuses a policy where it ignores none.
+    policy = f" policy {_symbol(spec['policy'])};" if "policy" in spec else ""
+    return f"{text} {{ {hook}{policy} }}"
 
 
 def _set(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
