@@ -496,6 +496,7 @@ def test_external_traffic_policy_local(topo: Topology, cluster: Cluster, family:
         type="LoadBalancer",
         node_ports=[NODE_PORTS["tcp"], NODE_PORTS["udp"]],
         lb_ips=[Net(4).lb(30), Net(6).lb(30)],
+        external_ips=[Net(4).lb(31), Net(6).lb(31)],
         etp="Local",
         health_check_node_port=30500,
     )
@@ -507,6 +508,7 @@ def test_external_traffic_policy_local(topo: Topology, cluster: Cluster, family:
         ("udp", net.node_ip, NODE_PORTS["udp"]),
         ("tcp", net.lb(30), 80),
         ("udp", net.lb(30), 53),
+        ("tcp", net.lb(31), 80),
     ):
         attempts = topo.probe("client", proto, address, port, count=20, timeout=OK_TIMEOUT)
         assert all_ok(attempts) == {"local1": 20}, (proto, address)
@@ -520,15 +522,18 @@ def test_external_traffic_policy_local(topo: Topology, cluster: Cluster, family:
         ("tcp", net.node_ip, NODE_PORTS["tcp"]),
         ("udp", net.node_ip, NODE_PORTS["udp"]),
         ("tcp", net.lb(30), 80),
+        ("tcp", net.lb(31), 80),
     ):
         dropped = topo.probe("client", proto, address, port, count=2, timeout=DROP_TIMEOUT)
         assert errors(dropped) == {"timeout": 2}, f"{proto} {address} must be dropped: {dropped}"
-    # ...while pods on this node still reach the remote endpoints (ClusterIP and
-    # the LB IP, pod short-circuit) and so does the node itself.
+    # ...while pods on this node still reach the remote endpoints (ClusterIP, the
+    # LB IP and the external IP: kube-proxy's pod short-circuit, the corner of
+    # kubernetes#131765) and so does the node itself.
     remote = {"remote1", "remote2"}
     for who, address, port in (
         ("local2", net.vip(30), 80),
         ("local2", net.lb(30), 80),
+        ("local2", net.lb(31), 80),
         ("local2", net.node_ip, NODE_PORTS["tcp"]),
         ("node", net.node_ip, NODE_PORTS["tcp"]),
         ("node", net.lb(30), 80),

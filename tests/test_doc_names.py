@@ -1,7 +1,7 @@
 """The docs that describe nftproxy name only what its code has.
 
 Aspects: in README.md and the docs about nftproxy's own code and tables
-(docs/ruleset.md, docs/architecture.md, docs/trace.md), every backticked
+(docs/ruleset.md, docs/architecture.md, docs/trace.md, deploy/README.md), every backticked
 chain, set or map name of nftproxy's vocabulary (a name with one of its
 prefixes: `service-`, `dispatch-`, `KUBE-` ...) is one the code makes --
 a skeleton object of either family, a shared object by its name (a
@@ -26,15 +26,18 @@ from nftproxy.core.rules import dispatch, skeleton
 from nftproxy.core.rules.fragment import kernel_name
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/ruleset.md", "docs/architecture.md", "docs/trace.md"]
+DOCS = ["README.md", "docs/ruleset.md", "docs/architecture.md", "docs/trace.md",
+        "deploy/README.md"]
 PREFIXES = ("KUBE-", "service-", "no-endpoint-", "masquerade-", "firewall-", "hairpin-",
             "cluster-ips", "nodeport-", "dispatch-", "vip-", "external-", "filter-", "nat-",
             "pick-", "shared-", "endpoints-")
 SAMPLES = {"<proto>": "tcp", "<p>": "tcp", "<N>": "3", "<n>": "3", "<h>": "XRY76EGRC3BSCIIJ",
            "<h'>": "QRUEL26JRDPVFLID"}
 IDENTITY = re.compile(r"KUBE-(SVC|SVL|EXT|SEP|FW)-[A-Z2-7]{16}")
-KUBE_PROXY_ONLY = {"KUBE-MARK-DROP", "KUBE-PROXY-FIREWALL"}
-"""kube-proxy's chains that a doc names to say nftproxy has none."""
+KUBE_PROXY_ONLY = {"KUBE-MARK-DROP", "KUBE-PROXY-FIREWALL", "KUBE-FIREWALL", "KUBE-IPTABLES-HINT",
+                   "KUBE-KUBELET-CANARY", "KUBE-PROXY-CANARY", "firewall-check"}
+"""kube-proxy's and kubelet's objects that a doc names (the migration guide
+says which stay and which go), none of them nftproxy's."""
 KINDS = {"KUBE-SVC", "KUBE-SVL", "KUBE-EXT", "KUBE-SEP", "KUBE-FW"}
 """kube-proxy's identities by kind, which element comments carry with a hash."""
 THREADS = {"service-health"}
