@@ -157,6 +157,15 @@ def test_names_near_another_programs_are_ours() -> None:
     assert "nftproxy" not in WELL_KNOWN_TABLES
 
 
+@pytest.mark.parametrize("name", ["nftproxy-b", "nftproxy-affinity", "x-b-affinity"])
+def test_a_name_another_names_tables_take_is_refused(name: str) -> None:
+    """`<name>-b` and `<name>-affinity` are tables of another name's pair:
+    a second proxy so named would take over the first one's."""
+    with pytest.raises(ConfigError, match=rf"^--table-name: '{name}' is named like the table"):
+        build_config({}, {"table_name": name})
+    assert build_config({}, {"table_name": "nftproxy-bb"}).table_name == "nftproxy-bb"
+
+
 def test_a_table_name_leaves_room_for_every_suffix() -> None:
     longest = max(len(name) - len("x") for _, name in our_tables("x"))
     fits = "a" * (255 - longest)

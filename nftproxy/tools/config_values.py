@@ -315,6 +315,14 @@ def _table_name(label: str, value: Any) -> str:
             f"{text!r} is not a valid nftables table name of at most {_TABLE_NAME_MAX} "
             f"characters (its longest table is {_longest_table('<name>')!r})",
         )
+    derived = next((t for _, t in our_tables("<name>") if t != "<name>"
+                    and text.endswith(t.removeprefix("<name>"))), None)
+    if derived is not None:
+        raise fail(
+            label,
+            f"{text!r} is named like the table {derived!r} that nftproxy writes for another "
+            "name, so two proxies could share a table: choose another name",
+        )
     for name in sorted({name for _, name in our_tables(text)}, key=len):
         if name.lower() in WELL_KNOWN_TABLES:
             raise fail(
