@@ -85,7 +85,8 @@ def test_a_statement_reads_as_nft_writes_it(statement: Any, text: str) -> None:
 def test_objects_read_as_nft_writes_them() -> None:
     base = Chain("nat-output", (), hook=BaseHook("nat", "output", -100))
     assert transaction_text([*T.add_tables(), T.add_chain(base), T.flush_chain("c"),
-                             T.delete_chain("c"), T.delete_set("s"), T.flush_map("m")]) == (
+                             T.delete_chain("c"), T.delete_set("s"),
+                             T.flush_set("m", is_map=True)]) == (
         'add table ip nftproxy { comment "managed by nftproxy"; }\n'
         'add table ip nftproxy-affinity { comment "managed by nftproxy"; }\n'
         "add chain ip nftproxy nat-output { type nat hook output priority -100; policy accept; }\n"

@@ -201,11 +201,7 @@ class Table:
         head = f"add table {self.family} {table}"
         return f"{head}\nadd {kind} {self.family} {table} {name} {{ {'; '.join(body)}; }}"
 
-    def flush_set(self, decl: SetDecl) -> Json:
-        kind = "map" if decl.map else "set"
-        return {"flush": {kind: self._named(decl.name)}}
-
-    def flush_map(self, name: str, *, is_map: bool = True) -> Json:
+    def flush_set(self, name: str, *, is_map: bool = False) -> Json:
         return {"flush": {"map" if is_map else "set": self._named(name)}}
 
     def delete_set(self, name: str, *, is_map: bool = False) -> Json:

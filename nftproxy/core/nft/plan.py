@@ -36,9 +36,9 @@ key, not the elements: those are in the owners' records.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.claims import ElementIndex, ElemId, Owner, Resolver, winner_of
@@ -104,7 +104,7 @@ class TableState:
     rule_count: int = 0
     """Rules in `chains`, kept as owners are adopted."""
     users: Counter[str] = field(default_factory=Counter)
-    """How many owners' records use each shared chain and set (`_shared_names`)."""
+    """How many owners' records use each shared chain and set (`_keyed`)."""
 
     def adopt(
         self, owner: Owner, fragment: Fragment | None, record: CompactFragment | None = None
@@ -169,28 +169,23 @@ class TableState:
             self.rule_count -= gone.size
 
     def _use(self, shared: Sequence[Shared]) -> None:
-        for s in shared:
-            for c in s.records:
-                if not self.users[c.name]:
-                    self._add_chain(c)
-                self.users[c.name] += 1
-            for d in s.sets:
-                if not self.users[_set_user(d.name)]:
-                    self.sets[d.name] = d
-                self.users[_set_user(d.name)] += 1
+        for key, obj in _keyed(shared, _records):
+            if not self.users[key]:
+                if isinstance(obj, SetDecl):
+                    self.sets[obj.name] = obj
+                else:
+                    self._add_chain(obj)
+            self.users[key] += 1
 
     def _release(self, shared: Sequence[Shared]) -> None:
-        for s in shared:
-            for c in s.records:
-                self.users[c.name] -= 1
-                if not self.users[c.name]:
-                    del self.users[c.name]
-                    self._drop_chain(c.name)
-            for d in s.sets:
-                self.users[_set_user(d.name)] -= 1
-                if not self.users[_set_user(d.name)]:
-                    del self.users[_set_user(d.name)]
-                    self.sets.pop(d.name, None)
+        for key, obj in _keyed(shared, _records):
+            self.users[key] -= 1
+            if not self.users[key]:
+                del self.users[key]
+                if isinstance(obj, SetDecl):
+                    self.sets.pop(obj.name, None)
+                else:
+                    self._drop_chain(obj.name)
 
     def use_typeof(self, typeof: bool) -> None:
         """Declare sets and maps by typeof from now on, or by datatype: as
@@ -199,9 +194,26 @@ class TableState:
             self.table = replace(self.table, typeof=typeof)
 
 
-def _set_user(name: str) -> str:
-    """A shared set's key in `TableState.users` (chains and sets are named apart)."""
-    return "@" + name
+_C = TypeVar("_C", Chain, CompactChain)
+
+
+def _keyed(
+    shared: Sequence[Shared], chains: Callable[[Shared], Sequence[_C]]
+) -> Iterator[tuple[str, _C | SetDecl]]:
+    """Each object of the bundles with its key in `TableState.users` (a set's
+    name behind "@": chains and sets are named apart), each chain as
+    `chains` gives it (its record, or as rendered)."""
+    for s in shared:
+        yield from ((c.name, c) for c in chains(s))
+        yield from (("@" + d.name, d) for d in s.sets)
+
+
+def _records(shared: Shared) -> Sequence[CompactChain]:
+    return shared.records
+
+
+def _rendered(shared: Shared) -> Sequence[Chain]:
+    return shared.chains
 
 
 @dataclass
@@ -280,7 +292,7 @@ def _remove_set(
     if defer:
         stale[name] = is_map
         if map_type == "verdict":
-            b.flush.append(t.flush_map(name))
+            b.flush.append(t.flush_set(name, is_map=True))
     else:
         b.del_sets.append(t.delete_set(name, is_map=is_map))
 
@@ -318,7 +330,7 @@ def _diff_sets(
             b.del_sets.append(t.delete_set(name, is_map=bool(prev.map)))
             _add_set(b, t, decl)
         elif prev.elements != decl.elements and not decl.dynamic:
-            b.add_sets.append(t.flush_set(decl))
+            b.add_sets.append(t.flush_set(name, is_map=decl.map is not None))
             b.static_elems += t.add_set_elements(name, decl.elements)
     for name, prev in old.items():
         if name not in new:
@@ -461,39 +473,35 @@ def _diff_shared(
     """Add the shared chains and sets the changes give their first user,
     delete those they take the last user from."""
     delta: Counter[str] = Counter()
-    chains: dict[str, Chain] = {}
-    sets: dict[str, SetDecl] = {}
+    objects: dict[str, Chain | SetDecl] = {}
     for change in changes.values():
         for sign, record in ((-1, change.old), (1, change.new)):
-            for shared in record.shared if record else ():
-                for chain in shared.chains:
-                    delta[chain.name] += sign
-                    chains[chain.name] = chain
-                for decl in shared.sets:
-                    delta[_set_user(decl.name)] += sign
-                    sets[_set_user(decl.name)] = decl
+            for key, obj in _keyed(record.shared if record else (), _rendered):
+                delta[key] += sign
+                objects[key] = obj
     t = state.table
-    for name, d in delta.items():
-        before = state.users[name]
+    for key, d in delta.items():
+        before = state.users[key]
         after = before + d
         if (before == 0) == (after == 0):
             continue
-        if name in chains:
+        obj = objects[key]
+        if isinstance(obj, Chain):
             if after:
-                existed = name in stale
-                stale.discard(name)
-                _write_chain(b, t, chains[name], exists=existed)
+                existed = obj.name in stale
+                stale.discard(obj.name)
+                _write_chain(b, t, obj, exists=existed)
             else:
-                _remove_chain(b, t, name, defer=defer, stale=stale)
+                _remove_chain(b, t, obj.name, defer=defer, stale=stale)
         elif after:
             # A leftover awaiting stage_gc is the same declaration, emptied: reuse it.
-            if stale_sets.pop(sets[name].name, None) is None:
-                _add_set(b, t, sets[name])
+            if stale_sets.pop(obj.name, None) is None:
+                _add_set(b, t, obj)
         elif defer:
             # No flush: its last users' elements are deleted in this transaction.
-            stale_sets[sets[name].name] = sets[name].map is not None
+            stale_sets[obj.name] = obj.map is not None
         else:
-            b.del_sets.append(t.delete_set(sets[name].name, is_map=sets[name].map is not None))
+            b.del_sets.append(t.delete_set(obj.name, is_map=obj.map is not None))
 
 
 def stage_partial(
@@ -553,7 +561,7 @@ def _full_sets(
         decl = desired.get(name)
         if decl is None and defer:
             # Emptied for stage_gc: no owner deletes its elements one by one here.
-            b.flush.append(t.flush_map(name, is_map=ks.map is not None))
+            b.flush.append(t.flush_set(name, is_map=ks.map is not None))
             stale_sets[name] = ks.map is not None
         elif decl is None or not _same_declaration(t, decl, ks):
             b.del_sets.append(t.delete_set(name, is_map=ks.map is not None))
@@ -564,7 +572,7 @@ def _full_sets(
             # set` cannot say (nft-python-notes §2; kernel/fake.py models it).
             kept.add(name)
         else:
-            b.flush.append(t.flush_set(decl))
+            b.flush.append(t.flush_set(name, is_map=decl.map is not None))
     for decl in desired.values():
         if decl.name not in kept:
             _add_set(b, t, decl)

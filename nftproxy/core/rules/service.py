@@ -78,10 +78,6 @@ class PortPlan:
     uses_local_chain: bool
     uses_ext_chain: bool
     uses_fw_chain: bool
-    shared: bool
-    """Every destination of the port goes through the shared choosers
-    (rules/dispatch.py) and the port has no chain of its own: all but
-    ClientIP affinity."""
     label: str
     """str(port.name), as comments start."""
     seps: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -92,6 +88,13 @@ class PortPlan:
 
     def use(self, shared: Shared) -> None:
         self.uses.setdefault(id(shared), shared)
+
+    @property
+    def shared(self) -> bool:
+        """Every destination of the port goes through the shared choosers
+        (rules/dispatch.py) and the port has no chain of its own: all but
+        ClientIP affinity."""
+        return not self.port.affinity
 
     @property
     def internal_chain(self) -> str:
@@ -145,7 +148,6 @@ def plan_port(port: ServicePort, endpoints: Sequence[Endpoint], ctx: RenderConte
         uses_local_chain=bool(cats.local) and port.uses_local_endpoints,
         uses_ext_chain=uses_ext_chain,
         uses_fw_chain=bool(port.load_balancer_vips and port.load_balancer_source_ranges),
-        shared=not port.affinity,
         label=str(port.name),
     )
 
