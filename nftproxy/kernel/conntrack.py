@@ -82,7 +82,9 @@ from nftproxy.kernel import netns as _netns
 from nftproxy.kernel.nfnetlink import (
     ATTR,
     HEADER,
+    NETLINK_NETFILTER,
     NFGENMSG,
+    NLA_TYPE_MASK,
     NLM_F_DUMP,
     NLM_F_REQUEST,
     NLMSG_DONE,
@@ -107,10 +109,9 @@ _FAMILY_BY_AF: dict[int, IPFamily] = {af: family for family, af in _AF.items()}
 
 # linux/netlink.h, linux/netfilter/nfnetlink_conntrack.h and
 # net/netfilter/nf_conntrack_netlink.c (the CTA_FILTER flags)
-_NETLINK_NETFILTER = 12
 _SOL_NETLINK, _NETLINK_CAP_ACK = 270, 10
 _NLM_F_ACK = 0x4
-_NLA_F_NESTED, _NLA_TYPE_MASK = 0x8000, 0x3FFF
+_NLA_F_NESTED = 0x8000
 _CTNETLINK = 1 << 8  # NFNL_SUBSYS_CTNETLINK, in the message type's high byte
 _CT_GET, _CT_DELETE, _CT_GET_STATS = 1, 2, 5
 _CTA_TUPLE_ORIG, _CTA_TUPLE_REPLY, _CTA_ID, _CTA_ZONE, _CTA_FILTER = 1, 2, 12, 18, 25
@@ -172,12 +173,13 @@ def _orig_tuple(
 
 def _find(buf: bytes, pos: int, end: int, kind: int) -> tuple[int, int] | None:
     """(start, end) of the value of the first attribute of type `kind` in
-    buf[pos:end], None if there is none."""
+    buf[pos:end], None if there is none. A loop of its own, as `_attrs`:
+    every flow a dump returns is parsed, and nfnetlink's walk copies."""
     while pos + ATTR.size <= end:
         size, got = ATTR.unpack_from(buf, pos)
         if size < ATTR.size or pos + size > end:
             return None
-        if got & _NLA_TYPE_MASK == kind:
+        if got & NLA_TYPE_MASK == kind:
             return pos + ATTR.size, pos + size
         pos += (size + 3) & ~3
     return None
@@ -190,7 +192,7 @@ def _attrs(buf: bytes, pos: int, end: int) -> dict[int, tuple[int, int]]:
         size, kind = ATTR.unpack_from(buf, pos)
         if size < ATTR.size or pos + size > end:
             break
-        out[kind & _NLA_TYPE_MASK] = (pos + ATTR.size, pos + size)
+        out[kind & NLA_TYPE_MASK] = (pos + ATTR.size, pos + size)
         pos += (size + 3) & ~3
     return out
 
@@ -250,7 +252,7 @@ def _flow_at(buf: bytes, pos: int, end: int, ports: frozenset[int]) -> Flow | No
 
 
 def _open_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_NETFILTER)
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
     try:
         sock.setsockopt(_SOL_NETLINK, _NETLINK_CAP_ACK, 1)  # acks without the request
         sock.settimeout(_TIMEOUT)

@@ -5,7 +5,8 @@ kernel/nftgen.py (the ruleset generation) and kernel/nfttables.py (the
 tables and their comments) share: send an NFT_MSG_* request for every
 family on a netlink socket of the calling thread's namespace
 (`requested`), and walk a message's attributes (`attributes`). Each caller
-parses what its message means.
+parses what its message means. kernel/conntrack.py shares its headers and
+constants, not its walk (it reads attributes in place, without copies).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ __all__ = [
     "requested",
 ]
 
-_NETLINK_NETFILTER = 12
+NETLINK_NETFILTER = 12
+NLA_TYPE_MASK = 0x3FFF  # an attribute's type without its NESTED and BYTEORDER flags
 NFNL_SUBSYS_NFTABLES = 10
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
@@ -48,7 +50,7 @@ def requested(message: int, flags: int = NLM_F_REQUEST) -> Iterator[socket.socke
     header = HEADER.pack(
         HEADER.size + len(body), (NFNL_SUBSYS_NFTABLES << 8) | message, flags, 1, 0
     )
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_NETFILTER) as sock:
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER) as sock:
         sock.settimeout(_TIMEOUT)
         sock.bind((0, 0))
         sock.send(header + body)
@@ -64,5 +66,5 @@ def attributes(message: bytes, end: int | None = None) -> Iterator[tuple[int, by
         attr_len, attr_type = ATTR.unpack_from(message, pos)
         if attr_len < ATTR.size:
             return
-        yield attr_type & 0x3FFF, message[pos + ATTR.size : pos + attr_len]
+        yield attr_type & NLA_TYPE_MASK, message[pos + ATTR.size : pos + attr_len]
         pos += (attr_len + 3) & ~3
