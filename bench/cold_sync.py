@@ -101,14 +101,8 @@ class Metered:
     def encoded(self, commands: Any) -> Any:
         return self.inner.encoded(commands)
 
-    def declare(self, texts: Any) -> None:
-        self.inner.declare(texts)
-
     def list_table_objects(self, family: str, table: str) -> Any:
         return self.inner.list_table_objects(family, table)
-
-    def accepts_typeof(self) -> bool:
-        return bool(self.inner.accepts_typeof())
 
 
 def child(args: argparse.Namespace) -> None:

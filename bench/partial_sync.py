@@ -55,15 +55,15 @@ PROBE_TABLE = "nftpx-probe"
 
 
 def _probe(backend: Any, kind: str) -> float:
-    t = {"family": "ip", "table": PROBE_TABLE}
-    cmds: list[dict[str, Any]] = [{"flush": {"chain": {**t, "name": "c"}}}]
+    from nftproxy.core.nft import commands as c
+    from nftproxy.core.rules.fragment import Element, Rule
+
+    t = c.Where("ip", PROBE_TABLE)
+    cmds: list[Any] = [c.FlushChain(t, "c")]
     if kind == "rule":
-        cmds.append({"add": {"rule": {**t, "chain": "c", "expr": [{"accept": None}]}}})
+        cmds.append(c.AddRule(t, "c", Rule(({"accept": None},))))
     elif kind == "elem":
-        cmds += [
-            {"flush": {"set": {**t, "name": "s"}}},
-            {"add": {"element": {**t, "name": "s", "elem": ["10.0.0.1"]}}},
-        ]
+        cmds += [c.FlushSet(t, "s"), c.AddElements(t, "s", (Element("s", ("10.0.0.1",)),))]
     t0 = time.perf_counter()
     backend.commit(cmds)
     return time.perf_counter() - t0
@@ -126,14 +126,12 @@ def run_variant(
         t0 = time.perf_counter()
         full = facade.sync()
         load_s = time.perf_counter() - t0
-        t = {"family": "ip", "name": PROBE_TABLE}
-        obj = {"family": "ip", "table": PROBE_TABLE}
+        from nftproxy.core.nft import commands as c
+        from nftproxy.core.rules.fragment import SetDecl
+
+        t = c.Where("ip", PROBE_TABLE)
         backend.commit(
-            [
-                {"add": {"table": t}},
-                {"add": {"chain": {**obj, "name": "c"}}},
-                {"add": {"set": {**obj, "name": "s", "type": "ipv4_addr"}}},
-            ]
+            [c.AddTable(t), c.AddChain(t, "c"), c.AddSet(t, "s", SetDecl.keyed("s", ("ip daddr",)))]
         )
         counts = facade.counts()
         bl.progress(

@@ -57,7 +57,7 @@ def _targets() -> dict[str, tuple[Any, str]]:
         "render": (render, "render_changed"),
         "compact": (chunked, "compact"),
         "stage": (proxier, "stage_partial"),
-        "encode": (libnftables, "_transaction"),
+        "encode": (libnftables.NftBackend, "printed"),
         "record": (proxier.Proxier, "_record"),
         "snapshot": (proxier.Proxier, "_snapshot"),
         "commit": (proxier.Proxier, "_commit_staged"),

@@ -151,3 +151,23 @@ def canonical(doc: dict[str, Any] | None) -> dict[str, Any] | None:
                 elems,
             ]
     return {"chains": chains, "rules": dict(rules), "sets": sets}
+
+
+@contextlib.contextmanager
+def json_backend(ns: str) -> Iterator[Any]:
+    """A started NftBackend in `ns` that prints JSON, or None where this
+    libnftables cannot take it (1.0.6: its JSON declares no set by typeof),
+    once its refusal to start is checked."""
+    from nftproxy.core.nft.errors import NftUnavailable
+    from nftproxy.kernel.libnftables import NftBackend
+
+    with NftBackend(netns=ns) as probe:
+        takes_json = probe.accepts_typeof()
+    backend = NftBackend(netns=ns, syntax="json")
+    if not takes_json:
+        with pytest.raises(NftUnavailable):
+            backend.start()
+        yield None
+        return
+    with backend:
+        yield backend

@@ -15,7 +15,7 @@ from typing import Any
 
 # --- literal JSON pieces ---------------------------------------------------------
 
-NEW = {"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["new"]}}
+NEW = {"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": "new"}}
 L4PROTO = {"meta": {"key": "l4proto"}}
 TH_DPORT = {"payload": {"protocol": "th", "field": "dport"}}
 MARK = {"meta": {"key": "mark"}}
@@ -125,14 +125,12 @@ def external_local(key: Any, where: str) -> list[tuple[list[Any], str]]:
 
 
 def endpoints_map_text(kind: str, protocol: str, local: str = "") -> str:
-    """How libnftables 1.0.6 declares a chooser's map (in nft text only:
-    its integer index has no JSON typeof there): vip-[local-]endpoints-<p>
-    keyed VIP . port . index, nodeport-[local-]endpoints-<p> node port . index."""
+    """How a chooser's map is declared: vip-[local-]endpoints-<p> keyed
+    VIP . port . index, nodeport-[local-]endpoints-<p> node port . index."""
     which = "local endpoint" if local else "endpoint"
     key, what = ((f"ip daddr . {protocol} dport", "VIP . port") if kind == "vip"
                  else (f"{protocol} dport", "node port"))
-    return ("add table ip nftproxy\n"
-            f"add map ip nftproxy {kind}-{local}endpoints-{protocol} {{ typeof "
+    return (f"add map ip nftproxy {kind}-{local}endpoints-{protocol} {{ typeof "
             f"{key} . numgen random mod 1 : ip daddr . {protocol} dport; "
             f'comment "{protocol} {what} . index -> {which}"; }}')
 
@@ -231,7 +229,7 @@ GOLDEN_V4: dict[str, Rules] = {
         ([{"masquerade": {"flags": ["fully-random"]}}], None),
     ],
     "KUBE-FORWARD": [
-        ([{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["invalid"]}},
+        ([{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": "invalid"}},
           {"drop": None}], "drop conntrack INVALID packets"),
         ([mark_and(16384, 16384), {"accept": None}], "forward marked for masquerade"),
         ([{"match": {"op": "in", "left": {"ct": {"key": "state"}},
@@ -252,14 +250,24 @@ GOLDEN_V4: dict[str, Rules] = {
 
 
 def _set(
-    kind: str, name: str, type_: Any, comment: str, table: str = "nftproxy", **extra: Any
-) -> dict[str, Any]:
-    fields = {"family": "ip", "table": table, "name": name, "type": type_, **extra}
-    return {"add": {kind: {**fields, "comment": comment}}}
+    kind: str,
+    name: str,
+    key: str,
+    comment: str,
+    table: str = "nftproxy",
+    *,
+    map: str = "",
+    flags: tuple[str, ...] = (),
+) -> str:
+    """A declaration as nft's syntax writes it (by typeof, in both printers)."""
+    body = [f"typeof {key}" + (f" : {map}" if map else "")]
+    body += [f"flags {', '.join(flags)}"] if flags else []
+    body.append(f'comment "{comment}"')
+    return f"add {kind} ip {table} {name} {{ {'; '.join(body)}; }}"
 
 
-THREE = ["ipv4_addr", "inet_proto", "inet_service"]
-TWO = ["inet_proto", "inet_service"]
+THREE = "ip daddr . meta l4proto . th dport"
+TWO = "meta l4proto . th dport"
 GOLDEN_SETS_V4 = [
     _set("map", "service-ips", THREE, "ClusterIP, ExternalIP and LoadBalancer IP traffic",
          map="verdict"),
@@ -271,19 +279,19 @@ GOLDEN_SETS_V4 = [
     _set("set", "masquerade-vips", THREE, "external IPs and LB IPs of shared choosers: masquerade"),
     _set("set", "masquerade-nodeports", TWO, "node ports of shared choosers: masquerade"),
     _set("set", "firewall-vips", THREE, "LoadBalancer IPs with loadBalancerSourceRanges"),
-    _set("set", "firewall-allow", [*THREE, "ipv4_addr"], "LoadBalancer IP . allowed source range",
-         flags=["interval"]),
-    _set("set", "hairpin-endpoints", ["ipv4_addr", "ipv4_addr"],
+    _set("set", "firewall-allow", f"{THREE} . ip saddr", "LoadBalancer IP . allowed source range",
+         flags=("interval",)),
+    _set("set", "hairpin-endpoints", "ip saddr . ip daddr",
          "endpoint . endpoint: hairpin connections"),
-    _set("set", "cluster-ips", "ipv4_addr", "Active ClusterIPs"),
-    _set("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic"),
-    _set("set", "service-cidrs", "ipv4_addr", "service CIDRs (ServiceCIDR objects)",
-         flags=["interval"]),
+    _set("set", "cluster-ips", "ip daddr", "Active ClusterIPs"),
+    _set("set", "nodeport-ips", "ip daddr", "IPs that accept NodePort traffic"),
+    _set("set", "service-cidrs", "ip daddr", "service CIDRs (ServiceCIDR objects)",
+         flags=("interval",)),
     _set("map", "service-ips", THREE, "ClusterIP, ExternalIP and LoadBalancer IP traffic",
          "nftproxy-affinity", map="verdict"),
     _set("map", "service-nodeports", TWO, "NodePort traffic", "nftproxy-affinity",
          map="verdict"),
-    _set("set", "nodeport-ips", "ipv4_addr", "IPs that accept NodePort traffic",
+    _set("set", "nodeport-ips", "ip daddr", "IPs that accept NodePort traffic",
          "nftproxy-affinity"),
 ]
 
@@ -312,15 +320,13 @@ GOLDEN_CHOOSERS_MAPS_V4 = [
                              ("nodeport", TWO, "node port"))
     for which in ("cluster", "local")
 ]
-"""The four choosers maps of the eTP=Local chains, as JSON (external-local's
-two, then nodeport-local's)."""
+"""The four choosers maps of the eTP=Local chains (external-local's two,
+then nodeport-local's)."""
 
 AFFINITY_SET_TEXT_V4 = (
-    "add table ip nftproxy-affinity\n"
     "add set ip nftproxy-affinity affinity { typeof ip "
     "saddr . numgen random mod 1 . numgen random mod 1; flags dynamic, timeout; size "
     '1048576; comment "ClientIP affinity: client . KUBE-SEP key, expiring"; }'
 )
 """The affinity table's shared affinity set (the ClientIP affinity ports'
-shared object), as libnftables 1.0.6 declares it: in nft text only (its
-integer key parts)."""
+shared object)."""

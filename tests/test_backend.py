@@ -3,24 +3,33 @@
 Aspects:
 - errors: libnftables' text maps to the type the caller acts on; parse
   errors name the offending command of the caller's list;
-- NftBackend in a throwaway netns: a small table goes in as one commit and
-  reads back (full listing and declarations); a refused commit raises the
-  typed error and leaves the kernel as it was; a foreign table is never
-  touched; delete_tables is idempotent; the context is bound to the netns,
-  not the host; fresh contexts; concurrent callers;
+- NftBackend in a throwaway netns: a small table of typed commands
+  (core/nft/commands.py) goes in as one commit and reads back (full listing
+  and declarations: by datatype on libnftables 1.0.6, by typeof on 1.1.x);
+  a refused commit raises the typed error and leaves the kernel as it was;
+  a command libnftables' parser refuses names itself in JSON (1.1.x) and
+  changes nothing in either syntax; a foreign table is never touched;
+  delete_tables is idempotent; the context is bound to the netns, not the
+  host; fresh contexts; concurrent callers;
+- declarations: printed in nft's syntax, every set and map (an integer key
+  part included) is declared by typeof in the one transaction, on either
+  libnftables; the JSON printer is refused on 1.0.6 (its JSON declares no
+  set by typeof), real and fake alike;
 - FakeBackend: kernel refusals, atomicity, and the same outcome and the same
-  listing as the kernel for one scenario of commits, failing ones included:
+  listing as the kernel for one scenario of commits, failing ones included,
+  printed in nft's syntax and (where libnftables takes it, 1.1.x) in JSON:
   every refusal the planner relies on (ENOENT, EEXIST, EBUSY, EOPNOTSUPP,
   EMLINK), when a set is "dynamic" (created in one batch with a rule that
   updates it), so that re-adding it is refused, and declarations by typeof
-  (refused by libnftables 1.0.6's JSON, listed by typeof by 1.1.x; the fake
-  is told which userspace it stands beside).
+  (listed by datatype by 1.0.6, by typeof by 1.1.x; the fake is told which
+  userspace it stands beside).
 Listings are compared per kind of object (sets and maps, then chains, then
 rules, each in the order listed): 1.0.6 lists sets before chains, 1.1.x after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +37,22 @@ from typing import Any
 import kernel
 import pytest
 
+from nftproxy.core.nft import nfttext
+from nftproxy.core.nft.commands import (
+    AddChain,
+    AddElements,
+    AddRule,
+    AddSet,
+    AddTable,
+    Command,
+    DeleteChain,
+    DeleteElements,
+    DeleteSet,
+    DeleteTable,
+    FlushChain,
+    FlushSet,
+    Where,
+)
 from nftproxy.core.nft.errors import (
     NftBusy,
     NftError,
@@ -38,9 +63,17 @@ from nftproxy.core.nft.errors import (
     rejection,
 )
 from nftproxy.core.nft.listing import ListedSet, TableListing
-from nftproxy.core.nft.ops import Table
+from nftproxy.core.nft.ops import Table, typeof_key
 from nftproxy.core.nft.seam import Backend
-from nftproxy.core.rules.fragment import BaseHook, SetDecl
+from nftproxy.core.rules.fragment import (
+    NUMGEN_KEY,
+    BaseHook,
+    Element,
+    Key,
+    Rule,
+    SetDecl,
+    Verdict,
+)
 from nftproxy.kernel import netns as netns_lib
 from nftproxy.kernel.fake import FakeBackend
 from nftproxy.kernel.libnftables import NftBackend, tune_malloc
@@ -48,30 +81,40 @@ from nftproxy.kernel.libnftables import NftBackend, tune_malloc
 Json = dict[str, Any]
 
 
-# --- command builders (nft-python-notes.md §2 shapes) -----------------------
+# --- command builders (typed commands; rule statements as expr.py's JSON) ----
 
 
-def _t(table: str) -> Json:
-    return {"family": "ip", "table": table}
+def where(table: str) -> Where:
+    return Where("ip", table)
 
 
-def add_table(table: str) -> Json:
-    return {"add": {"table": {"family": "ip", "name": table}}}
+def add_table(table: str) -> Command:
+    return AddTable(where(table))
 
 
-def add_chain(table: str, name: str, **base: Any) -> Json:
-    return {"add": {"chain": {**_t(table), "name": name, **base}}}
+def add_chain(table: str, name: str, hook: BaseHook | None = None) -> Command:
+    return AddChain(where(table), name, hook)
 
 
-def add_rule(table: str, chain: str, *expr: Json) -> Json:
-    return {"add": {"rule": {**_t(table), "chain": chain, "expr": list(expr)}}}
+def add_rule(table: str, chain: str, *expr: Json) -> Command:
+    return AddRule(where(table), chain, Rule(tuple(expr)))
 
 
-def verb(v: str, kind: str, table: str, name: str) -> Json:
-    return {v: {kind: {**_t(table), "name": name}}}
+def declare(table: str, decl: SetDecl) -> Command:
+    return AddSet(where(table), decl.name, decl)
+
+
+def verb(v: str, kind: str, table: str, name: str) -> Command:
+    """flush|delete chain|set|map."""
+    w = where(table)
+    if kind == "chain":
+        return FlushChain(w, name) if v == "flush" else DeleteChain(w, name)
+    is_map = kind == "map"
+    return FlushSet(w, name, is_map) if v == "flush" else DeleteSet(w, name, is_map)
 
 
 def goto(target: str) -> Json:
+    """A rule's goto statement."""
     return {"goto": {"target": target}}
 
 
@@ -79,12 +122,22 @@ def jump(target: str) -> Json:
     return {"jump": {"target": target}}
 
 
-def vip(ip: str, port: int) -> Json:
+def vip(ip: str, port: int) -> Key:
+    return (ip, "tcp", port)
+
+
+def vip_json(ip: str, port: int) -> Json:
+    """`vip(ip, port)` as libnftables lists it."""
     return {"concat": [ip, "tcp", port]}
 
 
-def element(v: str, table: str, name: str, *elem: Any) -> Json:
-    return {v: {"element": {**_t(table), "name": name, "elem": list(elem)}}}
+def add_element(table: str, name: str, key: Key, target: str) -> Command:
+    """A verdict map element: `key` goes to chain `target`."""
+    return AddElements(where(table), name, (Element(name, key, Verdict("goto", target)),))
+
+
+def delete_element(table: str, name: str, key: Key) -> Command:
+    return DeleteElements(where(table), name, (key,))
 
 
 SADDR = {"payload": {"protocol": "ip", "field": "saddr"}}
@@ -100,7 +153,10 @@ DISPATCH = {
         "data": "@service-ips",
     }
 }
-PREROUTING = {"type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}
+PREROUTING = BaseHook("nat", "prerouting", -100, "accept")
+PREROUTING_JSON = {"type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}
+SERVICE_IPS = SetDecl.keyed("service-ips", ("ip daddr", "meta l4proto", "th dport"), map="verdict")
+AFF = SetDecl.keyed("aff", ("ip saddr",), flags=("timeout",), timeout=10800)
 _RANK = {"table": 0, "set": 1, "map": 1, "chain": 2, "rule": 3}
 
 
@@ -110,47 +166,36 @@ def in_order(doc: Json | None) -> list[Json] | None:
     return None if objects is None else sorted(objects, key=lambda o: _RANK[next(iter(o))])
 
 
-def small_table(table: str) -> list[Json]:
+def small_table(table: str) -> list[Command]:
     """Base chain at an int priority, regular chains, a concat-key verdict
     map with a goto element, a timeout set and a lookup of it."""
     return [
         add_table(table),
-        add_chain(table, "nat-prerouting", **PREROUTING),
+        add_chain(table, "nat-prerouting", PREROUTING),
         add_chain(table, "svc-a"),
         add_chain(table, "ep-1"),
-        {
-            "add": {
-                "map": {
-                    **_t(table),
-                    "name": "service-ips",
-                    "type": ["ipv4_addr", "inet_proto", "inet_service"],
-                    "map": "verdict",
-                }
-            }
-        },
-        {
-            "add": {
-                "set": {
-                    **_t(table),
-                    "name": "aff",
-                    "type": "ipv4_addr",
-                    "flags": ["timeout"],
-                    "timeout": 10800,
-                }
-            }
-        },
+        declare(table, SERVICE_IPS),
+        declare(table, AFF),
         add_rule(table, "nat-prerouting", DISPATCH),
         add_rule(
             table, "svc-a", {"match": {"op": "==", "left": SADDR, "right": "@aff"}}, goto("ep-1")
         ),
         add_rule(table, "svc-a", goto("ep-1")),
         add_rule(table, "ep-1", {"accept": None}),
-        element("add", table, "service-ips", [vip("10.96.0.10", 80), goto("svc-a")]),
+        add_element(table, "service-ips", vip("10.96.0.10", 80), "svc-a"),
     ]
 
 
-def expected_listing(table: str) -> list[Json]:
-    t = _t(table)
+def listed_key(decl: SetDecl, *, v11: bool) -> Any:
+    """A declaration's key as libnftables lists it: by typeof on 1.1.x, by
+    datatype(s) on 1.0.6 (every set is declared by typeof)."""
+    if v11:
+        return {"typeof": typeof_key(decl.key)}
+    return decl.type[0] if len(decl.type) == 1 else list(decl.type)
+
+
+def expected_listing(table: str, *, v11: bool) -> list[Json]:
+    t = {"family": "ip", "table": table}
     return [
         {"table": {"family": "ip", "name": table}},
         {
@@ -158,9 +203,9 @@ def expected_listing(table: str) -> list[Json]:
                 "family": "ip",
                 "name": "service-ips",
                 "table": table,
-                "type": ["ipv4_addr", "inet_proto", "inet_service"],
+                "type": listed_key(SERVICE_IPS, v11=v11),
                 "map": "verdict",
-                "elem": [[vip("10.96.0.10", 80), goto("svc-a")]],
+                "elem": [[vip_json("10.96.0.10", 80), goto("svc-a")]],
             }
         },
         {
@@ -168,12 +213,12 @@ def expected_listing(table: str) -> list[Json]:
                 "family": "ip",
                 "name": "aff",
                 "table": table,
-                "type": "ipv4_addr",
+                "type": listed_key(AFF, v11=v11),
                 "flags": ["timeout"],
                 "timeout": 10800,
             }
         },
-        {"chain": {**t, "name": "nat-prerouting", **PREROUTING}},
+        {"chain": {**t, "name": "nat-prerouting", **PREROUTING_JSON}},
         {"chain": {**t, "name": "svc-a"}},
         {"chain": {**t, "name": "ep-1"}},
         {"rule": {**t, "chain": "nat-prerouting", "expr": [DISPATCH]}},
@@ -189,19 +234,18 @@ def expected_listing(table: str) -> list[Json]:
     ]
 
 
-def expected_objects(table: str) -> TableListing:
+def listed_set(decl: SetDecl, *, v11: bool) -> ListedSet:
+    """`decl` as list_table_objects reads it back (listing.ListedSet)."""
+    if v11:
+        return ListedSet(decl.name, (), decl.map, decl.flags, decl.timeout,
+                         Table.declared_typeof(decl))
+    return ListedSet(decl.name, decl.type, decl.map, decl.flags, decl.timeout)
+
+
+def expected_objects(*, v11: bool) -> TableListing:
     return TableListing(
-        chains={
-            "nat-prerouting": BaseHook("nat", "prerouting", -100),
-            "svc-a": None,
-            "ep-1": None,
-        },
-        sets={
-            "aff": ListedSet("aff", ("ipv4_addr",), None, ("timeout",), 10800),
-            "service-ips": ListedSet(
-                "service-ips", ("ipv4_addr", "inet_proto", "inet_service"), "verdict"
-            ),
-        },
+        chains={"nat-prerouting": PREROUTING, "svc-a": None, "ep-1": None},
+        sets={"aff": listed_set(AFF, v11=v11), "service-ips": listed_set(SERVICE_IPS, v11=v11)},
     )
 
 
@@ -248,13 +292,13 @@ def test_error_text_maps_to_the_type_the_caller_acts_on(
 
 
 def test_a_parse_error_names_the_command_of_the_callers_list() -> None:
-    commands = [add_table("t"), {"bogus": {}}]
-    text = (
-        "Error: Unknown object passed to add command.\n"
-        "Error: Parsing command array at index 2 failed."
+    commands = [add_table("t"), add_chain("t", "c", BaseHook("nat", "nowhere", 0))]
+    text = (  # as libnftables 1.1.3 words it
+        "internal:0:0-0: Error: Invalid chain hook 'nowhere'.\n\n"
+        "internal:0:0-0: Error: Parsing command array at index 2 failed."
     )
     error = rejection(text, commands, first_index=1)  # index 0 was the metainfo
-    assert (error.command_index, error.command) == (1, {"bogus": {}})
+    assert (error.command_index, error.command) == (1, commands[1])
     assert "command 1" in str(error)
 
 
@@ -276,9 +320,10 @@ def test_malloc_can_be_tuned() -> None:
 
 
 def test_a_small_table_commits_and_reads_back(nft: NftBackend) -> None:
+    v11 = nft.accepts_typeof()
     nft.commit(small_table("px"))
-    assert in_order(nft.list_table("ip", "px")) == expected_listing("px")
-    assert nft.list_table_objects("ip", "px") == expected_objects("px")
+    assert in_order(nft.list_table("ip", "px")) == expected_listing("px", v11=v11)
+    assert nft.list_table_objects("ip", "px") == expected_objects(v11=v11)
 
 
 def test_listing_a_missing_table_gives_none(nft: NftBackend, netns: str) -> None:
@@ -291,7 +336,7 @@ def test_listing_a_missing_table_gives_none(nft: NftBackend, netns: str) -> None
 def test_declarations_are_read_from_this_table_only(nft: NftBackend, netns: str) -> None:
     kernel.nft(netns, "-f", "-", stdin="table ip other { set s { type ipv4_addr; }; chain c { }; }")
     nft.commit(small_table("px"))
-    assert nft.list_table_objects("ip", "px") == expected_objects("px")
+    assert nft.list_table_objects("ip", "px") == expected_objects(v11=nft.accepts_typeof())
 
 
 def test_run_json_returns_the_parsed_listing(nft: NftBackend) -> None:
@@ -305,7 +350,7 @@ REFUSED = [
     pytest.param([add_rule("px", "ep-1", goto("nowhere"))], NftNotFound, id="goto a missing chain"),
     pytest.param([verb("delete", "chain", "px", "svc-a")], NftBusy, id="delete a mapped chain"),
     pytest.param(
-        [element("add", "px", "service-ips", [vip("10.96.0.10", 80), goto("ep-1")])],
+        [add_element("px", "service-ips", vip("10.96.0.10", 80), "ep-1")],
         NftExists,
         id="element with another verdict",
     ),
@@ -320,7 +365,7 @@ REFUSED = [
 
 @pytest.mark.parametrize(("bad", "error"), REFUSED)
 def test_a_refused_commit_raises_and_changes_nothing(
-    nft: NftBackend, bad: list[Json], error: type[NftRejected]
+    nft: NftBackend, bad: list[Command], error: type[NftRejected]
 ) -> None:
     nft.commit(small_table("px"))
     before = nft.list_table("ip", "px")
@@ -330,14 +375,31 @@ def test_a_refused_commit_raises_and_changes_nothing(
     assert nft.list_table("ip", "px") == before
 
 
-def test_a_parse_error_names_the_offending_command(nft: NftBackend) -> None:
-    nft.commit(small_table("px"))
-    before = nft.list_table("ip", "px")
-    bad = {"add": {"chain": {**_t("px")}}}  # no name
-    with pytest.raises(NftRejected) as info:
-        nft.commit([add_chain("px", "new-chain"), bad])
-    assert (info.value.command_index, info.value.command) == (1, bad)
-    assert nft.list_table("ip", "px") == before
+def test_a_parse_error_names_the_offending_command(netns: str) -> None:
+    """The parse error this test once sent, a chain without a name, can no
+    longer be built (commands.py checks names when a command is built). A
+    command libnftables' parser refuses -- a hook it does not know -- is
+    refused in either syntax with nothing changed; printed in JSON (1.1.x)
+    the refusal names the offending command of the caller's list, as a
+    JSON parse error does; nft's syntax names none (on 1.0.6, JSON is
+    refused at start: kernel.json_backend checks)."""
+    with pytest.raises(ValueError):
+        add_chain("px", "")
+    bad = add_chain("px", "bad-hook", BaseHook("nat", "nowhere", 0))
+    with NftBackend(netns=netns) as nft:
+        nft.commit(small_table("px"))
+        before = nft.list_table("ip", "px")
+        with pytest.raises(NftRejected) as info:
+            nft.commit([add_chain("px", "new-chain"), bad])
+        assert info.value.command_index is None
+        assert nft.list_table("ip", "px") == before
+    with kernel.json_backend(netns) as json_only:
+        if json_only is None:
+            return
+        with pytest.raises(NftRejected) as info:
+            json_only.commit([add_chain("px", "new-chain"), bad])
+        assert (info.value.command_index, info.value.command) == (1, bad)
+        assert json_only.list_table("ip", "px") == before
 
 
 FOREIGN = """table ip foreign {
@@ -434,6 +496,75 @@ def test_close_is_idempotent_and_final(netns: str) -> None:
         backend.commit([add_table("px")])
 
 
+# --- declarations: by typeof in nft's syntax; JSON only on 1.1.x ----------------
+
+E = "agree"
+
+BY_TYPEOF_DECLS = (
+    SetDecl.keyed("typeof-map", ("ip daddr", "meta l4proto", "th dport"), map="verdict"),
+    SetDecl.keyed("typeof-set", ("ip saddr",), flags=("interval",)),
+    SetDecl.data_map("typeof-endpoints", ("ip daddr", "tcp dport", NUMGEN_KEY),
+                     ("ip daddr", "tcp dport")),
+)
+"""A verdict map, an interval set, and a data map with an integer key part
+(as the endpoints maps: libnftables 1.0.6 once declared it only in a
+transaction of nft text of its own)."""
+_TABLE = Table("ip", E)
+BY_TYPEOF = [_TABLE.add_set(decl) for decl in BY_TYPEOF_DECLS]
+
+
+def test_nft_syntax_declares_every_set_by_typeof_on_either_userspace(
+    nft: NftBackend, netns: str
+) -> None:
+    """Every declaration is printed by typeof, the integer-keyed one too,
+    and goes in the same transaction as the rest; the kernel keeps the
+    typeof (nft lists it), and libnftables lists it in JSON by datatype on
+    1.0.6, by typeof on 1.1.x, as the fake told which it stands beside."""
+    assert all(" { typeof " in nfttext.command_text(c) for c in BY_TYPEOF)
+    commands = [add_table(E), *BY_TYPEOF]
+    nft.commit(commands)
+    text = kernel.nft(netns, "list", "table", "ip", E)
+    for decl in BY_TYPEOF_DECLS:
+        assert f"typeof {' . '.join(decl.key)}" in text, decl.name
+    v11 = nft.accepts_typeof()
+    objects = nft.list_table_objects("ip", E)
+    assert objects is not None
+    assert objects.sets["typeof-set"] == listed_set(BY_TYPEOF_DECLS[1], v11=v11)
+    fake = FakeBackend(version="1.1" if v11 else "1.0.6")
+    fake.start()
+    fake.commit(commands)
+    assert fake.list_table_objects("ip", E) == objects
+    assert in_order(fake.list_table("ip", E)) == in_order(nft.list_table("ip", E))
+
+
+def test_the_json_printer_is_refused_on_1_0_6(netns: str) -> None:
+    """libnftables 1.0.6's JSON declares no set by typeof: a backend
+    printing JSON refuses to start beside it (kernel.json_backend checks),
+    and so does the fake told it stands beside 1.0.6; beside 1.1.x both
+    take the same declarations in JSON and list them by typeof."""
+    with pytest.raises(NftUnavailable):
+        FakeBackend(version="1.0.6", syntax="json").start()
+    fake = FakeBackend(version="1.1", syntax="json")
+    fake.start()
+    fake.commit([add_table(E), *BY_TYPEOF])
+    typeofs = fake.list_table_objects("ip", E)
+    assert typeofs is not None
+    assert typeofs.sets["typeof-map"] == listed_set(BY_TYPEOF_DECLS[0], v11=True)
+    with kernel.json_backend(netns) as json_only:
+        if json_only is None:
+            return
+        json_only.commit([add_table(E), *BY_TYPEOF])
+        assert json_only.list_table_objects("ip", E) == typeofs
+
+
+def test_a_declaration_by_datatype_alone_cannot_be_built() -> None:
+    """What the scenario once declared by `type` is declared by its key's
+    selectors (SetDecl.keyed); a declaration without them is refused when
+    its command is built."""
+    with pytest.raises(ValueError):
+        declare(E, SetDecl("aff", ("ipv4_addr",)))
+
+
 # --- FakeBackend alone -------------------------------------------------------
 
 
@@ -456,13 +587,13 @@ def test_fake_replaces_a_verdict_by_delete_and_add_in_one_commit(fake: FakeBacke
     fake.commit(small_table("px"))
     fake.commit(
         [
-            element("delete", "px", "service-ips", vip("10.96.0.10", 80)),
-            element("add", "px", "service-ips", [vip("10.96.0.10", 80), goto("ep-1")]),
+            delete_element("px", "service-ips", vip("10.96.0.10", 80)),
+            add_element("px", "service-ips", vip("10.96.0.10", 80), "ep-1"),
         ]
     )
     listing = fake.list_table("ip", "px")
     assert listing is not None
-    assert listing["nftables"][1]["map"]["elem"] == [[vip("10.96.0.10", 80), goto("ep-1")]]
+    assert listing["nftables"][1]["map"]["elem"] == [[vip_json("10.96.0.10", 80), goto("ep-1")]]
 
 
 def test_fake_frees_a_chain_once_its_last_reference_goes(fake: FakeBackend) -> None:
@@ -476,35 +607,38 @@ def test_fake_frees_a_chain_once_its_last_reference_goes(fake: FakeBackend) -> N
 
 
 def test_fake_refuses_what_it_does_not_model(fake: FakeBackend) -> None:
+    """Nothing it does not model is accepted silently: a command that is
+    not a typed one is refused by the printer, and a JSON command it does
+    not model (run_json applies what is not a list) raises."""
+    replace_rule: Json = {"replace": {"rule": {"family": "ip", "table": "px", "chain": "c",
+                                               "handle": 1, "expr": []}}}
+    with pytest.raises(TypeError):
+        fake.commit([replace_rule])  # type: ignore[list-item]
     with pytest.raises(NotImplementedError):
-        fake.commit([{"replace": {"rule": {**_t("px"), "chain": "c", "handle": 1, "expr": []}}}])
+        fake.run_json(replace_rule)
 
 
 # --- FakeBackend and the kernel agree ----------------------------------------
 
-E = "agree"
 
-
-def _rule_in(chain: str) -> list[Json]:
+def _rule_in(chain: str) -> list[Command]:
     return [add_rule(E, chain, {"accept": None})]
 
 
-def add_set(name: str, *, timeout: int | None = 60) -> Json:
-    """An affinity set as the renderer declares it (plain JSON: no "dynamic")."""
-    spec = {**_t(E), "name": name, "type": "ipv4_addr", "flags": ["timeout"]}
-    if timeout is not None:
-        spec["timeout"] = timeout
-    return {"add": {"set": spec}}
+def add_set(name: str, *, timeout: int | None = 60) -> Command:
+    """An affinity set, declared without the "dynamic" flag (the kernel
+    makes it dynamic or not by what the batch holds)."""
+    return declare(E, SetDecl.keyed(name, ("ip saddr",), flags=("timeout",), timeout=timeout))
 
 
-def updating(name: str, op: str = "update") -> Json:
+def updating(name: str, op: str = "update") -> Command:
     """A rule in chain "users" that records the source address in `name`."""
     return add_rule(E, "users", {"set": {"op": op, "set": f"@{name}", "elem": SADDR}})
 
 
-DYNAMIC_SETS: list[tuple[str, list[Json]]] = [
+DYNAMIC_SETS: list[tuple[str, list[Command]]] = [
     # libnftables 1.0.6 evaluates a batch as a whole: a set the batch creates
-    # and a rule of it updates is created "dynamic"; plain JSON cannot say so.
+    # and a rule of it updates is created "dynamic"; these declarations do not say so.
     (
         "a set created in one batch with its update rule",
         [add_set("dyn"), add_chain(E, "users"), updating("dyn")],
@@ -543,27 +677,22 @@ DYNAMIC_SETS: list[tuple[str, list[Json]]] = [
     ("a set in use by an update rule is busy", [verb("delete", "set", E, "dyn")]),
 ]
 
-_TYPEOF = Table("ip", E, typeof=True)
-BY_TYPEOF = [
-    _TYPEOF.add_set(
-        SetDecl.keyed("typeof-map", ("ip daddr", "meta l4proto", "th dport"), map="verdict")
-    ),
-    _TYPEOF.add_set(SetDecl.keyed("typeof-set", ("ip saddr",), flags=("interval",))),
-]
+CHAINS_LEFT = ("nat-prerouting", "svc-a", "ep-1", "users")
+"""The chains of table E when the scenario flushes them all."""
 
-SCENARIO: list[tuple[str, list[Json]]] = [
+SCENARIO: list[tuple[str, list[Command]]] = [
     ("build the small table", small_table(E)),
     ("re-adding identical objects is a no-op", small_table(E)[1:]),
     (
         "an element with another verdict is refused",
-        [element("add", E, "service-ips", [vip("10.96.0.10", 80), goto("ep-1")])],
+        [add_element(E, "service-ips", vip("10.96.0.10", 80), "ep-1")],
     ),
     (
         "delete and add changes the verdict",
         [
-            element("delete", E, "service-ips", vip("10.96.0.10", 80)),
-            element("add", E, "service-ips", [vip("10.96.0.10", 80), goto("ep-1")]),
-            element("add", E, "service-ips", [vip("10.96.0.11", 443), goto("svc-a")]),
+            delete_element(E, "service-ips", vip("10.96.0.10", 80)),
+            add_element(E, "service-ips", vip("10.96.0.10", 80), "ep-1"),
+            add_element(E, "service-ips", vip("10.96.0.11", 443), "svc-a"),
         ],
     ),
     ("a chain held by a map element is busy", [verb("delete", "chain", E, "svc-a")]),
@@ -571,7 +700,7 @@ SCENARIO: list[tuple[str, list[Json]]] = [
     ("goto to a missing chain", [add_rule(E, "svc-a", goto("absent-one"))]),
     (
         "element goto to a missing chain",
-        [element("add", E, "service-ips", [vip("10.96.0.12", 80), goto("absent-one")])],
+        [add_element(E, "service-ips", vip("10.96.0.12", 80), "absent-one")],
     ),
     (
         "lookup of a missing set",
@@ -579,7 +708,7 @@ SCENARIO: list[tuple[str, list[Json]]] = [
     ),
     ("flush of a missing chain", [verb("flush", "chain", E, "absent-one")]),
     ("delete of a missing set", [verb("delete", "set", E, "absent-one")]),
-    ("delete of a missing element", [element("delete", E, "service-ips", vip("10.9.9.9", 1))]),
+    ("delete of a missing element", [delete_element(E, "service-ips", vip("10.9.9.9", 1))]),
     (
         "a valid flush with a bad delete is all or nothing",
         [verb("flush", "chain", E, "svc-a"), verb("delete", "chain", E, "absent-one")],
@@ -588,17 +717,23 @@ SCENARIO: list[tuple[str, list[Json]]] = [
     ("a jump to a base chain", [add_rule(E, "ep-1", jump("nat-prerouting"))]),
     (
         "a set re-declared with other flags",
-        [{"add": {"set": {**_t(E), "name": "aff", "type": "ipv4_addr"}}}],
+        [declare(E, SetDecl.keyed("aff", ("ip saddr",)))],
     ),
+    # A typed base chain always says its policy (BaseHook.policy, both
+    # printers): a regular chain re-added as one is EOPNOTSUPP; the EEXIST
+    # of a re-add that names no policy cannot be sent any more.
     (
-        "a regular chain re-added as a base chain",
-        [add_chain(E, "ep-1", type="filter", hook="input", prio=0)],
+        "a regular chain re-added as a base chain (with its policy)",
+        [add_chain(E, "ep-1", BaseHook("filter", "input", 0))],
     ),
-    ("... with a policy", [add_chain(E, "ep-1", **PREROUTING)]),
-    ("a base chain re-hooked", [add_chain(E, "nat-prerouting", **{**PREROUTING, "prio": -90})]),
+    ("... as another base chain", [add_chain(E, "ep-1", PREROUTING)]),
+    (
+        "a base chain re-hooked",
+        [add_chain(E, "nat-prerouting", BaseHook("nat", "prerouting", -90))],
+    ),
     (
         "a base chain's policy can change",
-        [add_chain(E, "nat-prerouting", **{**PREROUTING, "policy": "drop"})],
+        [add_chain(E, "nat-prerouting", BaseHook("nat", "prerouting", -100, "drop"))],
     ),
     ("a set held by a rule is busy", [verb("delete", "set", E, "aff")]),
     ("a chain with rules is deleted with them", [add_chain(E, "full"), *_rule_in("full")]),
@@ -610,14 +745,14 @@ SCENARIO: list[tuple[str, list[Json]]] = [
     ("a rule in a missing chain", _rule_in("absent-one")),
     (
         "an element into a missing map",
-        [element("add", E, "nope", [vip("10.9.9.9", 1), goto("ep-1")])],
+        [add_element(E, "nope", vip("10.9.9.9", 1), "ep-1")],
     ),
     ("a flush of a missing map", [verb("flush", "map", E, "nope")]),
-    ("sets declared by typeof (1.0.6's JSON refuses them)", BY_TYPEOF),
+    ("sets declared by typeof (an integer key part too)", BY_TYPEOF),
     ("... re-declared identically", BY_TYPEOF),
     (
         "... with an element",
-        [element("add", E, "typeof-map", [vip("10.96.0.30", 80), goto("svc-a")])],
+        [add_element(E, "typeof-map", vip("10.96.0.30", 80), "svc-a")],
     ),
     *DYNAMIC_SETS,
     (
@@ -629,8 +764,9 @@ SCENARIO: list[tuple[str, list[Json]]] = [
         ],
     ),
     (
-        "flush table drops rules, keeps elements",
-        [{"flush": {"table": {"family": "ip", "name": E}}}],
+        # no command flushes a table (what `flush table` did here): every chain instead
+        "flushing every chain drops rules, keeps elements",
+        [verb("flush", "chain", E, chain) for chain in CHAINS_LEFT],
     ),
     (
         "now the set and chains can go",
@@ -641,12 +777,12 @@ SCENARIO: list[tuple[str, list[Json]]] = [
             verb("delete", "chain", E, "svc-a"),
         ],
     ),
-    ("delete the table", [{"delete": {"table": {"family": "ip", "name": E}}}]),
-    ("delete it again", [{"delete": {"table": {"family": "ip", "name": E}}}]),
+    ("delete the table", [DeleteTable(where(E))]),
+    ("delete it again", [DeleteTable(where(E))]),
 ]
 
 
-def _outcome(backend: Backend, commands: list[Json]) -> str:
+def _outcome(backend: Backend, commands: list[Command]) -> str:
     try:
         backend.commit(commands)
     except NftRejected as exc:
@@ -654,15 +790,31 @@ def _outcome(backend: Backend, commands: list[Json]) -> str:
     return "ok"
 
 
-def test_fake_and_kernel_agree_on_every_step(nft: NftBackend) -> None:
-    seen = []
-    fake = FakeBackend(version="1.1" if nft.accepts_typeof() else "1.0.6")  # nft's userspace
-    fake.start()
-    for step, commands in SCENARIO:
-        outcome = _outcome(nft, commands)
-        assert _outcome(fake, commands) == outcome, step
-        assert in_order(fake.list_table("ip", E)) == in_order(nft.list_table("ip", E)), step
-        assert fake.list_table_objects("ip", E) == nft.list_table_objects("ip", E), step
-        seen.append(outcome)
+@pytest.mark.parametrize("syntax", ["nft", "json"])
+def test_fake_and_kernel_agree_on_every_step(netns: str, syntax: str) -> None:
+    """Each step has the same outcome and leaves the same listing on the
+    kernel and on the fake told which libnftables it stands beside, both
+    printing the same syntax; JSON only beside 1.1.x (on 1.0.6 the kernel
+    backend's refusal is checked by kernel.json_backend, the fake's here)."""
+    with NftBackend(netns=netns) as probe:
+        version = "1.1" if probe.accepts_typeof() else "1.0.6"
+    fake = FakeBackend(version=version, syntax=syntax)
+    with contextlib.ExitStack() as stack:
+        if syntax == "nft":
+            nft: NftBackend | None = stack.enter_context(NftBackend(netns=netns))
+        else:
+            nft = stack.enter_context(kernel.json_backend(netns))
+        if nft is None:
+            with pytest.raises(NftUnavailable):
+                fake.start()
+            return
+        fake.start()
+        seen = []
+        for step, commands in SCENARIO:
+            outcome = _outcome(nft, commands)
+            assert _outcome(fake, commands) == outcome, step
+            assert in_order(fake.list_table("ip", E)) == in_order(nft.list_table("ip", E)), step
+            assert fake.list_table_objects("ip", E) == nft.list_table_objects("ip", E), step
+            seen.append(outcome)
     # the scenario exercises every outcome type
     assert set(seen) == {"ok", "NftNotFound", "NftExists", "NftBusy", "NftRejected"}

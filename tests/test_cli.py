@@ -61,27 +61,26 @@ def test_sync_dry_run_prints_the_sample_clusters_model(
 ) -> None:
     assert cli.main(dry_run("--json")) == 0
     captured = capsys.readouterr()
-    lines = [json.loads(line) for line in captured.out.splitlines()]
-    texts = [c["nft-text"] for c in lines if "nft-text" in c]  # first: 1.0.6 declares in text
-    assert lines[: len(texts)] == [{"nft-text": t} for t in texts]
-    # per family its marked tables, then the maps (and set) with an integer
-    # key, each only where a port of the sample uses it (shared objects come
-    # with their first user): IPv4's TCP and UDP (demo/dns) choosers, the
-    # local ones of demo/web-local's eTP=Local LB and node port, the
-    # affinity set (demo/sticky); IPv6's web and web-np (TCP, eTP=Cluster)
-    assert sum("managed by nftproxy" in t for t in texts) == 2
-    declared = [m.groups() for t in texts
-                for m in re.finditer(r"^add (?:map|set) (ip6?) \S+ (\S+) \{", t, re.M)]
+    commands = [json.loads(line) for line in captured.out.splitlines()]
+    mark = "managed by nftproxy"
+    # one transaction, JSON a line: per family its marked tables first ...
+    assert commands[0] == {"add": {"table": {"family": "ip", "name": "nftproxy", "comment": mark}}}
+    assert {"add": {"table": {"family": "ip6", "name": "nftproxy", "comment": mark}}} in commands
+    assert sum(mark in json.dumps(c) for c in commands) == 4  # and their affinity tables
+    # ... then the maps (and set) with an integer key, declared by typeof like
+    # every other, each only where a port of the sample uses it (shared
+    # objects come with their first user): IPv4's TCP and UDP (demo/dns)
+    # choosers, the local ones of demo/web-local's eTP=Local LB and node
+    # port, the affinity set (demo/sticky); IPv6's web and web-np (TCP, eTP=Cluster)
+    declared = [(spec["family"], spec["name"]) for c in commands for kind, spec in
+                c.get("add", {}).items() if kind in ("set", "map")
+                and "numgen" in json.dumps(spec["type"])]
     assert sorted(declared) == sorted([
         ("ip", "vip-endpoints-tcp"), ("ip", "vip-endpoints-udp"),
         ("ip", "vip-local-endpoints-tcp"), ("ip", "nodeport-endpoints-tcp"),
         ("ip", "nodeport-local-endpoints-tcp"), ("ip", "affinity"),
         ("ip6", "vip-endpoints-tcp"), ("ip6", "nodeport-endpoints-tcp"),
     ])
-    commands = lines[len(texts):]
-    mark = "managed by nftproxy"
-    assert commands[0] == {"add": {"table": {"family": "ip", "name": "nftproxy", "comment": mark}}}
-    assert {"add": {"table": {"family": "ip6", "name": "nftproxy", "comment": mark}}} in commands
     out = captured.err
     lines = [ln for ln in out.splitlines() if " INFO " not in ln]
     assert lines[0].startswith("dry run: 6 services, 8 endpoint slices")

@@ -53,7 +53,7 @@ def test_the_dry_run_plan_is_nft_text_on_stdout_and_the_summary_on_stderr(
     lines = captured.out.splitlines()
     assert lines[0].startswith("add table ip nftproxy")
     assert not any(line.startswith("{") for line in lines)
-    assert any(line.startswith("add map ip nftproxy service-ips { type ") for line in lines)
+    assert any(line.startswith("add map ip nftproxy service-ips { typeof ") for line in lines)
     assert any(line.startswith("add element ip nftproxy service-ips {") for line in lines)
     assert "dry run: 6 services" in captured.err and "add table" not in captured.err
 

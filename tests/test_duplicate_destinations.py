@@ -27,6 +27,7 @@ from nftproxy.agent.intake import Intake, InvalidField
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.convert import EndpointSliceInfo
 from nftproxy.core.model import NamespacedName, NodeInfo, ServiceInfo
+from nftproxy.core.nft.jsontext import command_json
 from nftproxy.kernel.fake import FakeBackend
 from nftproxy.tools.dry_run import files_input
 
@@ -160,7 +161,7 @@ def test_another_port_or_protocol_is_no_conflict() -> None:
 
 def _element_comment(commands: Any, sets: tuple[str, ...], key: list[Any]) -> str:
     """The comment of the element `key` in one of `sets` (IPv4): its owner."""
-    for command in commands:
+    for command in map(command_json, commands):
         element = command.get("add", {}).get("element")
         if not element or element["name"] not in sets or element["family"] != "ip":
             continue

@@ -60,6 +60,14 @@ from nftproxy.agent.drift import DriftWatch, next_generation
 from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import KIND_ENDPOINT_SLICES, KIND_SERVICES
 from nftproxy.core.model import L4Protocol, ServicePortName
+from nftproxy.core.nft.commands import (
+    AddChain,
+    AddTable,
+    DeleteChain,
+    DeleteTable,
+    FlushChain,
+    Where,
+)
 from nftproxy.core.nft.errors import NftBusy, NftNotFound
 from nftproxy.core.rules.names import service_chain
 from nftproxy.kernel.conntrack import Conntrack
@@ -189,13 +197,13 @@ def fake_proxier(backend: FakeBackend, reasons: list[str], clock: Clock) -> Prox
 @pytest.mark.parametrize(
     ("vandalism", "reason"),
     [
-        pytest.param([{"delete": {"table": {"family": "ip", "name": TABLE}}}], "table", id="table"),
+        pytest.param([DeleteTable(Where("ip", TABLE))], "table", id="table"),
         pytest.param(
-            [{"delete": {"chain": {"family": "ip", "table": TABLE, "name": "nat-postrouting"}}}],
+            [DeleteChain(Where("ip", TABLE), "nat-postrouting")],
             "chains", id="chain",
         ),
         pytest.param(
-            [{"flush": {"chain": {"family": "ip", "table": TABLE, "name": "nat-prerouting"}}}],
+            [FlushChain(Where("ip", TABLE), "nat-prerouting")],
             "foreign_commit", id="flush",
         ),
     ],
@@ -238,11 +246,11 @@ def test_b_the_generation_moves_by_one_per_commit_of_any_process(netns: str) -> 
     listings and refused commits none; another process's commit one."""
     with NftBackend(netns=netns) as backend:
         start = backend.generation()
-        backend.commit([{"add": {"table": {"family": f, "name": TABLE}}} for f in ("ip", "ip6")])
+        backend.commit([AddTable(Where(f, TABLE)) for f in ("ip", "ip6")])
         assert backend.generation() == start + 1
         backend.list_table("ip", TABLE)
         with pytest.raises(NftNotFound):
-            backend.commit([{"add": {"chain": {"family": "ip", "table": "nope", "name": "x"}}}])
+            backend.commit([AddChain(Where("ip", "nope"), "x")])
         assert backend.generation() == start + 1
         kernel.nft(netns, "add", "table", "inet", "other-tool")
         assert backend.generation() == start + 2

@@ -20,6 +20,8 @@ from builders import SVC1, endpoint, render
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, NodeInfo
+from nftproxy.core.nft.commands import AddTable, Where
+from nftproxy.core.nft.jsontext import command_json
 from nftproxy.core.nft.nfttext import transaction_text
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.ownership import (
@@ -30,7 +32,6 @@ from nftproxy.core.nft.ownership import (
     refusal,
 )
 from nftproxy.core.nft.plan import SKELETON, TableState, stage_full
-from nftproxy.core.rules.fragment import SetDecl
 from nftproxy.core.rules.skeleton import render_skeleton
 from nftproxy.kernel.fake import FakeBackend
 from nftproxy.tools import cli
@@ -59,7 +60,7 @@ def test_our_tables_are_the_main_and_affinity_tables_of_both_families() -> None:
 
 def test_every_table_nftproxy_adds_carries_the_mark() -> None:
     adds = Table("ip6", "t").add_tables()
-    assert [a["add"]["table"] for a in adds] == [
+    assert [command_json(a)["add"]["table"] for a in adds] == [
         {"family": "ip6", "name": "t", "comment": TABLE_MARK},
         {"family": "ip6", "name": "t-affinity", "comment": TABLE_MARK},
     ]
@@ -69,21 +70,19 @@ def test_every_table_nftproxy_adds_carries_the_mark() -> None:
     )
 
 
-def test_a_batch_of_declarations_creates_its_tables_with_the_mark() -> None:
-    """1.0.6 declares some sets in nft text before the JSON (a chooser's
-    map): the batch opens with both tables marked (once, not per declaration)."""
-    assert Table("ip", "t").marked_tables_text().splitlines() == [
-        f'add table ip t {{ comment "{TABLE_MARK}"; }}',
-        f'add table ip t-affinity {{ comment "{TABLE_MARK}"; }}',
-    ]
+def test_a_first_sync_creates_its_tables_with_the_mark_in_its_own_transaction() -> None:
+    """Tables, marks and declarations go in the sync's one transaction (a
+    chooser's map included): nothing is declared ahead of it."""
     config = ProxyConfig(node_name="n", node_ips=("192.168.50.1",))
     skeleton = render_skeleton(IPFamily.IPV4, config, NodeInfo(name="n", ipv4=("192.168.50.1",)))
     port = render(SVC1, [endpoint("10.180.0.1"), endpoint("10.180.0.2")]).fragment
     desired = {SKELETON: skeleton, SVC1.name: port}
     staged = stage_full(TableState(IPFamily.IPV4, Table("ip", "t")), None, desired)
-    assert len(staged.declarations) > 1
-    assert staged.declarations[0] == Table("ip", "t").marked_tables_text()
-    assert all("comment \"" + TABLE_MARK not in d for d in staged.declarations[1:])
+    text = transaction_text(staged.commands)
+    assert text.startswith(f'add table ip t {{ comment "{TABLE_MARK}"; }}\n'
+                           f'add table ip t-affinity {{ comment "{TABLE_MARK}"; }}\n')
+    assert text.count("comment \"" + TABLE_MARK) == 2
+    assert "add map ip t vip-endpoints-tcp { typeof ip daddr . tcp dport . numgen" in text
 
 
 def test_the_fake_keeps_the_mark_of_tables_it_creates(fake: FakeBackend) -> None:
@@ -96,22 +95,16 @@ def test_the_fake_keeps_the_mark_of_tables_it_creates(fake: FakeBackend) -> None
     assert foreign_table(found) is None
 
 
-def test_the_fake_keeps_the_mark_of_a_table_a_declaration_creates(fake: FakeBackend) -> None:
-    decl = SetDecl("m", ("ipv4_addr",), key=("ip daddr",))
-    fake.declare([Table("ip", "t").marked_tables_text(), Table("ip", "t").declare_text(decl)])
-    assert FoundTable("ip", "t", TABLE_MARK) in fake.find_tables("t")
-
-
 def test_adding_a_table_that_exists_does_not_mark_it(fake: FakeBackend) -> None:
     """The kernel keeps the comment a table was created with."""
-    fake.commit([{"add": {"table": {"family": "ip", "name": "t"}}}])
+    fake.commit([AddTable(Where("ip", "t"))])
     fake.commit(Table("ip", "t").add_tables())
     assert FoundTable("ip", "t", None) in fake.find_tables("t")
     assert foreign_table(fake.find_tables("t")) == FoundTable("ip", "t", None)
 
 
 def test_find_tables_names_only_tables_of_that_name(fake: FakeBackend) -> None:
-    fake.commit([{"add": {"table": {"family": f, "name": n}}}
+    fake.commit([AddTable(Where(f, n))
                  for f, n in (("ip", "nat"), ("ip6", "filter"), ("inet", "t"))])
     assert fake.find_tables("t") == []
     assert fake.find_tables("nat") == [FoundTable("ip", "nat", None)]

@@ -36,7 +36,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -57,7 +56,20 @@ from nftproxy.core.model import (
     SessionAffinity,
     TrafficPolicy,
 )
+from nftproxy.core.nft.commands import (
+    AddChain,
+    AddElements,
+    AddRule,
+    AddSet,
+    Command,
+    DeleteChain,
+    DeleteElements,
+    DeleteSet,
+    FlushChain,
+    Where,
+)
 from nftproxy.core.nft.errors import NftBusy, NftExists, NftNotFound, NftRejected
+from nftproxy.core.nft.jsontext import command_json
 from nftproxy.core.nft.listing import TableListing, list_family_objects
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import (
@@ -74,7 +86,10 @@ from nftproxy.core.rules.dispatch import is_choosers_map, is_indexed_map, is_sha
 from nftproxy.core.rules.fragment import (
     AFFINITY_TABLE,
     BaseHook,
+    Element,
     Fragment,
+    Rule,
+    SetDecl,
     Target,
     Verdict,
     affinity_table_name,
@@ -90,9 +105,11 @@ TABLE = Table("ip", "nftproxy")
 # --- the kernel, and what it lists ---------------------------------------------------
 
 
-def new_kernel(*, typeof: bool = False) -> FakeBackend:
-    """libnftables 1.0.6's kernel, or (`typeof`) 1.1.x's, which takes declarations by typeof."""
-    kernel = FakeBackend(version="1.1" if typeof else "1.0.6")
+def new_kernel(version: str = "1.0.6") -> FakeBackend:
+    """The kernel beside libnftables 1.0.6, or 1.1.x (`version` "1.1"): both
+    take the planner's transactions in nft's syntax, sets declared by
+    typeof; 1.0.6 lists their keys by datatype, 1.1.x by typeof."""
+    kernel = FakeBackend(version=version)
     kernel.start()
     return kernel
 
@@ -175,17 +192,18 @@ def listing(kernel: FakeBackend) -> TableListing | None:
 # --- order checks --------------------------------------------------------------------
 
 
-def _ops(commands: Sequence[Json]) -> list[tuple[str, str, str, Any]]:
-    """(verb, kind, name, spec) per command."""
+def _ops(commands: Sequence[Command]) -> list[tuple[str, str, str, Any]]:
+    """(verb, kind, name, spec) per command, read from its libnftables JSON
+    (jsontext.command_json: what the JSON printer sends)."""
     out = []
     for c in commands:
-        (verb, body), = c.items()
+        (verb, body), = command_json(c).items()
         (kind, spec), = body.items()
         out.append((verb, kind, spec.get("name") or spec.get("chain", ""), spec))
     return out
 
 
-def check_order(commands: Sequence[Json]) -> None:
+def check_order(commands: Sequence[Command]) -> None:
     """The ordering rules every transaction obeys."""
     ops = _ops(commands)
     first: dict[tuple[str, str, str], int] = {}
@@ -216,15 +234,17 @@ class Synced(TableState):
     these, as the proxier plans from a fresh render."""
 
     rendered: dict[Owner, Fragment] = field(default_factory=dict)
+    version: str = "1.0.6"
+    """The libnftables its kernel stands beside (`new_kernel`)."""
 
 
 def apply(state: Synced, kernel: FakeBackend, staged: Staged,
           planned_from: Mapping[Owner, Fragment | None] | None = None, *,
-          full: bool = False) -> list[Json]:
-    """Commit a planned transaction to the (fake) kernel, then record it
-    (with the fragments it was planned from: all of them if `full`)."""
+          full: bool = False) -> list[Command]:
+    """Commit a planned transaction to the (fake) kernel, as ONE commit,
+    then record it (with the fragments it was planned from: all of them if
+    `full`)."""
     check_order(staged.commands)
-    kernel.declare(staged.declarations)
     kernel.commit(staged.commands)
     staged.commit()
     if full:
@@ -242,15 +262,17 @@ def effective(state: TableState) -> dict[Any, Any]:
     return {eid: state.effective(eid) for eid in state.index.ids()}
 
 
-def fresh(desired: Mapping[Owner, Fragment], *, typeof: bool = False) -> tuple[Synced, FakeBackend]:
-    """A full sync of `desired` into a fresh table (`typeof`: as libnftables 1.1.x)."""
-    state, kernel = Synced(V4, replace(TABLE, typeof=typeof)), new_kernel(typeof=typeof)
+def fresh(desired: Mapping[Owner, Fragment], *,
+          version: str = "1.0.6") -> tuple[Synced, FakeBackend]:
+    """A full sync of `desired` into a fresh table (`version`: the
+    libnftables the kernel stands beside, `new_kernel`)."""
+    state, kernel = Synced(V4, TABLE, version=version), new_kernel(version)
     apply(state, kernel, stage_full(state, None, desired), desired, full=True)
     return state, kernel
 
 
 def full_sync(state: Synced, kernel: FakeBackend, desired: Mapping[Owner, Fragment], *,
-              defer: bool = False) -> list[Json]:
+              defer: bool = False) -> list[Command]:
     """A full sync of `desired` against what the kernel lists."""
     staged = stage_full(state, listing(kernel), desired, defer_deletes=defer)
     return apply(state, kernel, staged, desired, full=True)
@@ -259,7 +281,7 @@ def full_sync(state: Synced, kernel: FakeBackend, desired: Mapping[Owner, Fragme
 def assert_same_as_full(state: Synced, kernel: FakeBackend) -> None:
     """The state and the kernel equal a full sync of state's fragments into a fresh table."""
     assert set(state.rendered) == set(state.fragments)
-    ref_state, ref_kernel = fresh(dict(state.rendered), typeof=state.table.typeof)
+    ref_state, ref_kernel = fresh(dict(state.rendered), version=state.version)
     assert state.chains == ref_state.chains
     assert state.sets == ref_state.sets
     assert state.users == ref_state.users
@@ -271,18 +293,32 @@ def assert_same_as_full(state: Synced, kernel: FakeBackend) -> None:
 
 # --- the kernel refuses, and keeps nothing of a refused transaction ------------------
 
-
-def _chain(name: str, verb: str = "add") -> Json:
-    return {verb: {"chain": {"family": "ip", "table": "nftproxy", "name": name}}}
-
-
-def _rule(chain: str, *expr: Json) -> Json:
-    return {"add": {"rule": {"family": "ip", "table": "nftproxy", "chain": chain,
-                             "expr": list(expr)}}}
+HERE = Where("ip", "nftproxy")
+SADDR: Json = {"payload": {"protocol": "ip", "field": "saddr"}}
 
 
-def _aff(verb: str = "add", **extra: Any) -> Json:
-    return {verb: {"set": {"family": "ip", "table": "nftproxy", "name": "aff", **extra}}}
+def _chain(name: str, verb: str = "add") -> Command:
+    if verb == "flush":
+        return FlushChain(HERE, name)
+    return DeleteChain(HERE, name) if verb == "delete" else AddChain(HERE, name)
+
+
+def _rule(chain: str, *expr: Json) -> Command:
+    return AddRule(HERE, chain, Rule(tuple(expr)))
+
+
+def _aff(**fields: Any) -> Command:
+    """Declare set "aff" of client addresses."""
+    return AddSet(HERE, "aff", SetDecl.keyed("aff", ("ip saddr",), **fields))
+
+
+def _map() -> Command:
+    """Declare verdict map "m" of destination addresses."""
+    return AddSet(HERE, "m", SetDecl.keyed("m", ("ip daddr",), map="verdict"))
+
+
+def _goto_element(ip: str, target: str) -> Command:
+    return AddElements(HERE, "m", (Element("m", (ip,), Verdict("goto", target)),))
 
 
 @pytest.mark.parametrize(
@@ -293,39 +329,26 @@ def _aff(verb: str = "add", **extra: Any) -> Json:
         pytest.param([_chain("A"), _chain("B"), _rule("A", {"jump": {"target": "B"}}),
                       _chain("B", "flush"), _chain("B", "delete")], NftBusy,
                      id="deleting a chain a rule jumps to"),
-        pytest.param([_chain("A"), {"add": {"map": {"family": "ip", "table": "nftproxy",
-                                                    "name": "m", "type": "ipv4_addr",
-                                                    "map": "verdict"}}},
-                      {"add": {"element": {"family": "ip", "table": "nftproxy", "name": "m",
-                                           "elem": [["1.1.1.1", {"goto": {"target": "A"}}]]}}},
+        pytest.param([_chain("A"), _map(), _goto_element("1.1.1.1", "A"),
                       _chain("A", "delete")], NftBusy,
                      id="deleting a chain a map element targets"),
-        pytest.param([_aff(type="ipv4_addr", flags=["timeout"], timeout=60), _chain("A"),
-                      _rule("A", {"set": {"op": "update", "set": "@aff",
-                                          "elem": {"payload": {"protocol": "ip",
-                                                               "field": "saddr"}}}}),
-                      _aff(type="ipv4_addr", flags=["timeout"], timeout=60)], NftExists,
+        pytest.param([_aff(flags=("timeout",), timeout=60), _chain("A"),
+                      _rule("A", {"set": {"op": "update", "set": "@aff", "elem": SADDR}}),
+                      _aff(flags=("timeout",), timeout=60)], NftExists,
                      id="re-adding a set an update rule made dynamic"),
-        pytest.param([_aff(type="ipv4_addr"), _chain("A"),
-                      _rule("A", {"match": {"op": "==", "left": "x", "right": "@aff"}}),
-                      _aff("delete")], NftBusy,
+        pytest.param([_aff(), _chain("A"),
+                      _rule("A", {"match": {"op": "==", "left": SADDR, "right": "@aff"}}),
+                      DeleteSet(HERE, "aff")], NftBusy,
                      id="deleting a set a rule uses"),
-        pytest.param([_aff(type="ipv4_addr"),
-                      {"delete": {"element": {"family": "ip", "table": "nftproxy", "name": "aff",
-                                              "elem": ["1.1.1.1"]}}}], NftNotFound,
+        pytest.param([_aff(), DeleteElements(HERE, "aff", (("1.1.1.1",),))], NftNotFound,
                      id="deleting a missing element"),
-        pytest.param([_chain("A"), _chain("B"),
-                      {"add": {"map": {"family": "ip", "table": "nftproxy", "name": "m",
-                                       "type": "ipv4_addr", "map": "verdict"}}},
-                      {"add": {"element": {"family": "ip", "table": "nftproxy", "name": "m",
-                                           "elem": [["1.1.1.1", {"goto": {"target": "A"}}]]}}},
-                      {"add": {"element": {"family": "ip", "table": "nftproxy", "name": "m",
-                                           "elem": [["1.1.1.1", {"goto": {"target": "B"}}]]}}}],
+        pytest.param([_chain("A"), _chain("B"), _map(), _goto_element("1.1.1.1", "A"),
+                      _goto_element("1.1.1.1", "B")],
                      NftExists, id="adding an element that exists with another verdict"),
     ],
 )
 def test_the_kernel_refuses_and_stays_unchanged(
-    commands: list[Json], error: type[NftRejected]
+    commands: list[Command], error: type[NftRejected]
 ) -> None:
     kernel = new_kernel()
     kernel.commit([*TABLE.add_tables(), _chain("keep")])
@@ -384,11 +407,11 @@ def table(others: int, svc1: Fragment | None = None) -> tuple[Synced, FakeBacken
 
 
 def partial(state: Synced, kernel: FakeBackend, changes: Mapping[Owner, Fragment | None],
-            *, defer: bool = False) -> list[Json]:
+            *, defer: bool = False) -> list[Command]:
     return apply(state, kernel, stage_partial(state, changes, defer_deletes=defer), changes)
 
 
-def commands_of(commands: Sequence[Json], verb: str, kind: str) -> list[str]:
+def commands_of(commands: Sequence[Command], verb: str, kind: str) -> list[str]:
     return [name for v, k, name, _ in _ops(commands) if (v, k) == (verb, kind)]
 
 
@@ -505,12 +528,15 @@ def test_a_service_that_comes_back_with_other_source_ranges_keeps_no_old_range()
 # --- the shared affinity set -------------------------------------------------------
 
 AFFINITY = replace(SVC1, session_affinity=SessionAffinity.CLIENT_IP, affinity_timeout=600)
-CLIENT = {"concat": ["192.0.2.7", 1234, 5678]}
-"""An entry the datapath recorded: a client . an endpoint's key."""
+CLIENT_KEY = ("192.0.2.7", 1234, 5678)
+CLIENT = {"concat": list(CLIENT_KEY)}
+"""An entry the datapath recorded: a client . an endpoint's key (as listed)."""
 
 
 def _record_client(kernel: FakeBackend) -> None:
-    kernel.commit(TABLE.add_set_elements(AFFINITY_SET, [{"elem": {"val": CLIENT, "timeout": 600}}]))
+    """Add the entry the datapath would record (without the per-entry timeout
+    its update statement gives, which no command says: nothing here lists it)."""
+    kernel.commit(TABLE.add_elements(AFFINITY_SET, [Element(AFFINITY_SET, CLIENT_KEY)]))
 
 
 def _clients(kernel: FakeBackend) -> list[Any]:
@@ -519,19 +545,25 @@ def _clients(kernel: FakeBackend) -> list[Any]:
 
 def _forget_client(kernel: FakeBackend) -> None:
     """Expire the recorded entry (so the table equals a fresh one)."""
-    kernel.commit([{"delete": {"element": {
-        "family": "ip", "table": TABLE.affinity_table, "name": "affinity", "elem": [CLIENT]}}}])
+    kernel.commit(TABLE.delete_elements(AFFINITY_SET, [Element(AFFINITY_SET, CLIENT_KEY)]))
 
 
 AFFINITY_SET = "affinity:affinity"
 """The shared affinity set, in the affinity table (fragment.AFFINITY_TABLE)."""
 
 
+def _planner_name(op: tuple[str, str, str, Any]) -> str:
+    """The name an `_ops` entry's object has in the planner (commands name
+    it in its own table: "affinity" of the affinity table is AFFINITY_SET)."""
+    _, _, name, spec = op
+    return affinity_table_name(name) if spec.get("table") == TABLE.affinity_table else name
+
+
 def test_full_resync_never_flushes_or_redeclares_the_affinity_set() -> None:
     state, kernel = table(3, svc1=frag(AFFINITY, [EP1, EP2]))
     _record_client(kernel)
     commands = full_sync(state, kernel, dict(state.rendered))
-    touched = {name for v, k, name, _ in _ops(commands) if k == "set"}
+    touched = {_planner_name(o) for o in _ops(commands) if o[1] == "set"}
     assert AFFINITY_SET not in touched
     assert len(_clients(kernel)) == 1
     # every other set that exists is flushed and refilled
@@ -542,12 +574,9 @@ def test_full_resync_never_flushes_or_redeclares_the_affinity_set() -> None:
 
 
 def _set_ops(staged: Staged) -> list[tuple[str, str, str]]:
-    """The set commands of a planned transaction, and its declarations (nft
-    text: libnftables 1.0.6 declares the affinity set so) as ("declare", ...)."""
-    ops = [o[:3] for o in _ops(staged.commands) if o[1] in ("set", "map")]
-    declared = [m for t in staged.declarations
-                for m in re.findall(r"^add (set|map) \S+ \S+ (\S+) \{", t, re.M)]
-    return ops + [("declare", kind, name) for kind, name in declared]
+    """The set and map commands of a planned transaction, declarations
+    included (every one is a command of the one transaction, on 1.0.6 too)."""
+    return [o[:3] for o in _ops(staged.commands) if o[1] in ("set", "map")]
 
 
 def test_the_affinity_set_comes_with_the_first_port_with_affinity_and_goes_with_the_last() -> None:
@@ -560,7 +589,7 @@ def test_the_affinity_set_comes_with_the_first_port_with_affinity_and_goes_with_
     state, kernel = table(0)
     assert AFFINITY_SET not in content(kernel).sets
     staged = stage_partial(state, {SVC1.name: frag(AFFINITY, [EP1, EP2])})
-    assert _set_ops(staged) == [("declare", "set", "affinity")]
+    assert _set_ops(staged) == [("add", "set", "affinity")]
     apply(state, kernel, staged, {SVC1.name: frag(AFFINITY, [EP1, EP2])})
     assert AFFINITY_SET in content(kernel).sets
     staged = stage_partial(state, {sticky.name: frag(sticky, [EP3])})
@@ -595,7 +624,7 @@ def test_a_changed_affinity_timeout_rewrites_the_chooser_and_keeps_the_clients(
         staged = stage_partial(state, {SVC1.name: longer})
     commands = apply(state, kernel, staged, {SVC1.name: longer})
     ops = _ops(commands)
-    assert not [o for o in ops if o[2] == AFFINITY_SET]
+    assert not [o for o in ops if _planner_name(o) == AFFINITY_SET]
     svc = names.service_chain(SVC1.name)
     assert ("add", "chain", svc) in {o[:3] for o in ops}
     rules = content(kernel).chains[affinity_table_name(svc)]
@@ -658,7 +687,10 @@ AE, DE, AM = "add element", "delete element", "add map"
 SIZES = [
     # (starting fragment of ns1/svc1 or None, its new fragment or None, commands by kind)
     # The other services (one endpoint each) already use dispatch-tcp-1 and
-    # vip-endpoints-tcp; a chooser another count needs comes with its first user.
+    # vip-endpoints-tcp; a chooser another count needs comes with its first user,
+    # and so does the map it picks from, declared in the same transaction (on
+    # libnftables 1.0.6 too: its integer-keyed declaration is no longer sent
+    # in a transaction of its own, so it counts here).
     # A ClusterIP service goes through the shared choosers (rules/dispatch.py):
     # elements only, one command per set
     pytest.param(None, _one_endpoint(), {AE: 4},
@@ -688,19 +720,20 @@ SIZES = [
                  id="its first endpoint"),
     # no-endpoint-services -> service-ips + hairpin + endpoints
     # A NodePort service with eTP=Cluster goes through shared choosers too
-    pytest.param(None, frag(SHARED_NODEPORT, [EP1]), {AC: 1, AR: 1, AE: 7},
+    pytest.param(None, frag(SHARED_NODEPORT, [EP1]), {AM: 1, AC: 1, AR: 1, AE: 7},
                  id="add a NodePort service with one endpoint"),
-    # dispatch-nodeport-tcp-1 (its first user); cluster-ips, service-ips,
+    # dispatch-nodeport-tcp-1 and the map it picks from, nodeport-endpoints-tcp
+    # (their first user); cluster-ips, service-ips,
     # service-nodeports (goto dispatch-nodeport-tcp-1), masquerade-nodeports,
     # vip-endpoints, nodeport-endpoints, hairpin
     pytest.param(frag(SHARED_NODEPORT, [EP1]), frag(SHARED_NODEPORT, [EP2]), {DE: 3, AE: 3},
                  id="change a NodePort service's endpoint"),
     # vip-endpoints, nodeport-endpoints, hairpin
     # An eTP=Local NodePort service goes through the shared nodeport-local chain
-    pytest.param(None, frag(NODEPORT, [EP1]), {AM: 2, AC: 2, AR: 5, AE: 8},
+    pytest.param(None, frag(NODEPORT, [EP1]), {AM: 3, AC: 2, AR: 5, AE: 8},
                  id="add an eTP=Local NodePort service with one endpoint"),
     # nodeport-local (4 rules) and its two choosers maps, dispatch-nodeport-tcp-1
-    # (their first user); cluster-ips, service-ips, vip-endpoints,
+    # and nodeport-endpoints-tcp (their first user); cluster-ips, service-ips, vip-endpoints,
     # service-nodeports (goto nodeport-local), nodeport-cluster-choosers,
     # nodeport-endpoints, no-endpoint-nodeports (no local endpoint: drop), hairpin
     pytest.param(frag(NODEPORT, [EP1]), frag(NODEPORT, [EP2]), {DE: 3, AE: 3},
@@ -766,30 +799,26 @@ def test_an_empty_table_holds_no_shared_chooser_or_map() -> None:
     assert _shared_objects(kernel) == (set(), set())
 
 
-@pytest.mark.parametrize("typeof", [False, True], ids=["libnftables 1.0.6", "1.1.x"])
+@pytest.mark.parametrize("version", ["1.0.6", "1.1"], ids=["libnftables 1.0.6", "1.1.x"])
 def test_a_chooser_and_its_map_come_with_their_first_user_and_go_with_their_last(
-    typeof: bool,
+    version: str,
 ) -> None:
     """The partial sync that gives dispatch-tcp-3 its first user adds it and
     the map it picks from in its own transaction, before the port's elements
-    (the map: declared in nft text just before the commands by libnftables
-    1.0.6, whose JSON cannot say its integer key; an `add map` before its
-    elements and the chooser's rule by 1.1.x); a second port of the same
-    count adds neither; deleting the first leaves both; deleting the last
-    deletes both, after the elements that referenced them are gone."""
-    state, kernel = fresh({SKELETON: SKEL}, typeof=typeof)
+    (the map, integer key and all: an `add map` by typeof in that one
+    transaction, before its elements and the chooser's rule, beside either
+    libnftables); a second port of the same count adds neither; deleting
+    the first leaves both; deleting the last deletes both, after the
+    elements that referenced them are gone."""
+    state, kernel = fresh({SKELETON: SKEL}, version=version)
     first = frag(SVC1, EPS3)
     staged = stage_partial(state, {SVC1.name: first})
     ops = _ops(staged.commands)
     assert _at(ops, "add", "chain", "dispatch-tcp-3") < _at(ops, "add", "element", "service-ips")
-    if typeof:
-        assert _at(ops, "add", "map", "vip-endpoints-tcp") < min(
-            _at(ops, "add", "rule", "dispatch-tcp-3"),
-            _at(ops, "add", "element", "vip-endpoints-tcp"))
-        assert not staged.declarations
-    else:
-        assert not _has(ops, "add", "map", "vip-endpoints-tcp")
-        assert ("declare", "map", "vip-endpoints-tcp") in _set_ops(staged)
+    assert _at(ops, "add", "map", "vip-endpoints-tcp") < min(
+        _at(ops, "add", "rule", "dispatch-tcp-3"),
+        _at(ops, "add", "element", "vip-endpoints-tcp"))
+    assert "typeof" in ops[_at(ops, "add", "map", "vip-endpoints-tcp")][3]["type"]
     apply(state, kernel, staged, {SVC1.name: first})
     assert _shared_objects(kernel) == ({"dispatch-tcp-3"}, {"vip-endpoints-tcp"})
     assert _chooser(state, ("service-ips", ("172.30.0.41", "tcp", 80))) == "dispatch-tcp-3"
@@ -797,8 +826,7 @@ def test_a_chooser_and_its_map_come_with_their_first_user_and_go_with_their_last
 
     twin = frag(TWIN, [endpoint(f"10.180.2.{i}") for i in (1, 2, 3)])
     staged = stage_partial(state, {TWIN.name: twin})
-    assert {o[1] for o in _ops(staged.commands)} == {"element"}
-    assert not staged.declarations
+    assert {o[1] for o in _ops(staged.commands)} == {"element"}  # no map declared
     apply(state, kernel, staged, {TWIN.name: twin})
     assert_same_as_full(state, kernel)
 
@@ -854,7 +882,6 @@ def test_a_port_whose_endpoint_count_goes_from_two_to_three_moves_to_dispatch_tc
         desired[TWIN.name] = frag(TWIN, [EP1, EP2])
     state, kernel = fresh(desired)
     staged = stage_partial(state, {SVC1.name: frag(SVC1, EPS3)})
-    assert not staged.declarations
     ops = _ops(staged.commands)
     assert _at(ops, "add", "chain", "dispatch-tcp-3") < _at(ops, "add", "element", "service-ips")
     assert not [o for o in ops if o[1] in ("set", "map")]
@@ -896,20 +923,20 @@ def test_the_etp_local_chains_and_their_choosers_maps_come_and_go_with_their_use
     assert_same_as_full(state, kernel)
 
 
-@pytest.mark.parametrize("typeof", [
-    pytest.param(False, id="libnftables 1.0.6"),
-    pytest.param(True, id="1.1.x"),
+@pytest.mark.parametrize("version", [
+    pytest.param("1.0.6", id="libnftables 1.0.6"),
+    pytest.param("1.1", id="1.1.x"),
 ])
 @pytest.mark.parametrize(("port", "stale"), [
     pytest.param(SVC1, {"vip-endpoints-tcp": True}, id="a chooser's map"),
     pytest.param(AFFINITY, {AFFINITY_SET: False}, id="the affinity set"),
 ])
 def test_a_shared_set_left_for_gc_is_used_again_by_a_new_user(
-    typeof: bool, port: ServicePort, stale: dict[str, bool]
+    version: str, port: ServicePort, stale: dict[str, bool]
 ) -> None:
     """With deferred deletes, a shared set whose last user left is flushed
     or left for gc; a user that comes before gc gets it back, as it is."""
-    state, kernel = fresh({SKELETON: SKEL, SVC1.name: frag(port, [EP1])}, typeof=typeof)
+    state, kernel = fresh({SKELETON: SKEL, SVC1.name: frag(port, [EP1])}, version=version)
     partial(state, kernel, {SVC1.name: None}, defer=True)
     assert state.stale_sets == stale
     partial(state, kernel, {SVC1.name: frag(port, [EP1, EP2])}, defer=True)
@@ -1044,13 +1071,11 @@ def _target(state: Synced, key: tuple[str, int, int]) -> str:
 def test_full_sync_removes_what_is_not_desired_and_recreates_a_rehooked_base_chain() -> None:
     state, kernel = table(2, svc1=frag(AFFINITY, [EP1]))
     kernel.commit([
-        {"add": {"chain": {"family": "ip", "table": "nftproxy", "name": "KUBE-SVC-LEFTOVER"}}},
-        {"add": {"set": {"family": "ip", "table": "nftproxy", "name": "leftover",
-                         "type": "ipv4_addr"}}},
-        {"flush": {"chain": {"family": "ip", "table": "nftproxy", "name": "nat-output"}}},
-        {"delete": {"chain": {"family": "ip", "table": "nftproxy", "name": "nat-output"}}},
-        {"add": {"chain": {"family": "ip", "table": "nftproxy", "name": "nat-output",
-                           "type": "nat", "hook": "output", "prio": -99, "policy": "accept"}}},
+        AddChain(HERE, "KUBE-SVC-LEFTOVER"),
+        AddSet(HERE, "leftover", SetDecl.keyed("leftover", ("ip daddr",))),
+        FlushChain(HERE, "nat-output"),
+        DeleteChain(HERE, "nat-output"),
+        AddChain(HERE, "nat-output", BaseHook("nat", "output", -99, "accept")),
     ])
     commands = full_sync(state, kernel, dict(state.rendered))
     assert "KUBE-SVC-LEFTOVER" in commands_of(commands, "delete", "chain")

@@ -99,7 +99,7 @@ def test_packing_keeps_every_field_and_type() -> None:
     elements = (
         Element("service-ips", ("10.96.0.10", "tcp", 80), Verdict("goto", "dispatch-tcp-2"), "a"),
         Element("no-endpoint-services", ("fd00::1", "udp", 53), Verdict("drop")),
-        Element("vip-endpoints-tcp", (2**40 + 7, 2**31 + 1, 0), Target("fd00::5", 8443)),
+        Element("vip-endpoints-tcp", (2**32 - 1, 2**31 + 1, 0), Target("fd00::5", 8443)),
         Element("hairpin-endpoints", ("10.1.0.1", "10.1.0.1")),
         Element("firewall-allow", ("192.0.2.0/24",), None, "x" * 128),
     )

@@ -64,6 +64,7 @@ from nftproxy.core.model import (
     SessionAffinity,
     TrafficPolicy,
 )
+from nftproxy.core.nft.jsontext import command_json
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.rules import names
 from nftproxy.core.rules import skeleton as sk
@@ -202,9 +203,9 @@ def test_source_ranges_are_firewall_vips_and_firewall_allow_elements() -> None:
     ((add_vips,), (add_allow,)) = (
         table.add_elements(name, (e for e in fragment.elements if e.set_name == name))
         for name in ("firewall-vips", "firewall-allow"))
-    assert add_vips["add"]["element"]["elem"] == [
+    assert command_json(add_vips)["add"]["element"]["elem"] == [
         {"elem": {"val": {"concat": [LB, "tcp", 80]}, "comment": f"{FW} ns1/svc1:p80"}}]
-    assert add_allow["add"]["element"]["elem"] == [
+    assert command_json(add_allow)["add"]["element"]["elem"] == [
         {"concat": [LB, "tcp", 80, {"prefix": {"addr": "203.0.113.0", "len": 25}}]}]
     # the skeleton's rule that reads them, pre-DNAT
     skeleton = sk.render_skeleton(IPFamily.IPV4, CONFIG, NODE)
@@ -227,7 +228,7 @@ def test_firewall_allows_the_lb_ips_when_a_range_contains_the_node() -> None:
     assert allow == [(vip, "tcp", 80, r) for vip in (LB, "1.2.3.9") for r in ranges]
     node_ip = Table("ip", "nftproxy").add_elements(
         "firewall-allow", [Element("firewall-allow", allow[0])])
-    assert node_ip[0]["add"]["element"]["elem"] == [{"concat": [LB, "tcp", 80, LB]}]
+    assert command_json(node_ip[0])["add"]["element"]["elem"] == [{"concat": [LB, "tcp", 80, LB]}]
 
 
 def test_firewall_ranges_not_containing_the_node_do_not_allow_the_lb_ips() -> None:
@@ -278,7 +279,7 @@ def test_ipv6_firewall_elements_and_lb_host_prefix() -> None:
     assert fragment.sets == ()
     (add,) = Table("ip6", "nftproxy").add_elements(
         "firewall-allow", (e for e in fragment.elements if e.set_name == "firewall-allow"))
-    assert add["add"]["element"]["elem"] == [
+    assert command_json(add)["add"]["element"]["elem"] == [
         {"concat": [lb6, "tcp", 80, lb6]},
         {"concat": [lb6, "tcp", 80, {"prefix": {"addr": "fd00:192::", "len": 64}}]}]
 

@@ -69,6 +69,8 @@ from skeleton_golden import (
 
 from nftproxy.core.config import ConntrackConfig, ProxyConfig
 from nftproxy.core.model import IPFamily, L4Protocol, NodeInfo
+from nftproxy.core.nft.jsontext import command_json
+from nftproxy.core.nft.nfttext import command_text
 from nftproxy.core.nft.ops import Table, typeof_key
 from nftproxy.core.rules import skeleton as skeleton_mod
 from nftproxy.core.rules.fragment import Fragment, Shared
@@ -118,7 +120,7 @@ def test_base_chains_hook_types_and_integer_priorities() -> None:
     assert {n: (c.hook.type, c.hook.hook, c.hook.prio) for n, c in base.items()
             if c.hook} == BASE_CHAINS
     for name, (type_, hook, prio) in BASE_CHAINS.items():
-        command = TABLE[V4].add_chain(base[name])
+        command = command_json(TABLE[V4].add_chain(base[name]))
         table, _, bare = name.rpartition(":")
         assert command == {"add": {"chain": {
             "family": "ip", "table": "nftproxy-affinity" if table else "nftproxy", "name": bare,
@@ -142,10 +144,9 @@ def test_ipv4_skeleton_rules_are_golden() -> None:
 def test_ipv4_maps_and_sets_are_golden() -> None:
     fragment = render_skeleton(V4, DEFAULT, NODE)
     assert [s.name for s in fragment.sets] == SKELETON_SETS
-    assert [TABLE[V4].add_set(s) for s in fragment.sets] == GOLDEN_SETS_V4
-    # no integer key anywhere (the choosers' maps and the affinity set, which
-    # libnftables 1.0.6 declares only in nft text, are shared objects)
-    assert not any(s.text_only for s in fragment.sets)
+    assert [command_text(TABLE[V4].add_set(s)) for s in fragment.sets] == GOLDEN_SETS_V4
+    # no integer key anywhere: the choosers' maps and the affinity set are shared objects
+    assert not any("integer" in s.type for s in fragment.sets)
     # static elements only where the config or the cluster gives them
     assert [s.name for s in fragment.sets if s.elements or s.dynamic] == []
 
@@ -159,14 +160,14 @@ def test_ipv4_shared_objects_are_golden() -> None:
     made = choosers(V4, DEFAULT, NODE)
     affinity = made.affinity()
     assert (affinity.chains, [d.name for d in affinity.sets]) == ((), ["affinity:affinity"])
-    assert [TABLE[V4].declare_text(d) for d in affinity.sets] == [AFFINITY_SET_TEXT_V4]
+    assert [command_text(TABLE[V4].add_set(d)) for d in affinity.sets] == [AFFINITY_SET_TEXT_V4]
     assert [d.dynamic for d in affinity.sets] == [True]
     key = {False: addr_proto_port("ip"), True: PROTO_PORT}
     for nodeport, where in ((False, "external"), (True, "nodeport")):
         bundle = made.external_local(nodeport=nodeport)
         assert rules(Fragment(V4, bundle.chains)) == {
             f"{where}-local": external_local(key[nodeport], where)}
-        assert [TABLE[V4].add_set(d) for d in bundle.sets] == GOLDEN_CHOOSERS_MAPS_V4[
+        assert [command_text(TABLE[V4].add_set(d)) for d in bundle.sets] == GOLDEN_CHOOSERS_MAPS_V4[
             2 * nodeport:2 * nodeport + 2]
     for p in L4Protocol:
         for n in (1, 3, 200):
@@ -179,10 +180,10 @@ def test_ipv4_shared_objects_are_golden() -> None:
                     f"dispatch-nodeport-{local}{p.nft}-{n}": [
                         nodeport_chooser("ip", p.nft, n, local)]}
                 assert all(c.hook is None for c in (*vip.chains, *nodeport.chains))
-                assert [TABLE[V4].declare_text(d) for d in (*vip.sets, *nodeport.sets)] == [
+                declared = [command_text(TABLE[V4].add_set(d)) for d in (*vip.sets, *nodeport.sets)]
+                assert declared == [
                     endpoints_map_text("vip", p.nft, local),
                     endpoints_map_text("nodeport", p.nft, local)]
-                assert all(d.text_only for d in (*vip.sets, *nodeport.sets))
 
 
 def test_ipv6_skeleton_differs_only_in_address_matches_and_icmpv6() -> None:
@@ -295,19 +296,22 @@ def test_every_set_lookup_matches_the_key_its_set_is_declared_by(family: IPFamil
         assert _integers(looked_up) == _integers(typeof_key(decl.key)), name
 
 
-def test_v2_sets_are_declared_by_typeof_on_libnftables_1_1() -> None:
-    """The concatenated keys of ruleset v2, in the 1.1.x dialect (no datatype
-    userdata that would crash 1.0.6's listing, docs/userspaces.md)."""
-    table = Table("ip", "nftproxy", typeof=True)
+def test_concatenated_keys_are_declared_by_typeof_in_json_too() -> None:
+    """No datatype userdata that would crash 1.0.6's listing (docs/userspaces.md)."""
+    table = Table("ip", "nftproxy")
     declared = sets(render_skeleton(V4, DEFAULT, NODE))
     three = [daddr("ip"), L4PROTO, TH_DPORT]
-    assert [table.add_set(declared[n])["add"]["set"]["type"] for n in (
+
+    def json(name: str) -> Any:
+        return command_json(table.add_set(declared[name]))["add"]["set"]
+
+    assert [json(n)["type"] for n in (
         "firewall-vips", "firewall-allow", "hairpin-endpoints")] == [
         {"typeof": {"concat": three}},
         {"typeof": {"concat": [*three, saddr("ip")]}},
         {"typeof": {"concat": [saddr("ip"), daddr("ip")]}},
     ]
-    assert table.add_set(declared["firewall-allow"])["add"]["set"]["flags"] == ["interval"]
+    assert json("firewall-allow")["flags"] == ["interval"]
 
 
 def _references(fragment: Fragment) -> tuple[set[str], set[str]]:
@@ -337,8 +341,7 @@ def test_every_jump_and_set_reference_resolves_inside_the_skeleton() -> None:
 
 def test_service_cidrs_fill_the_interval_set() -> None:
     fragment = render_skeleton(V4, DEFAULT, NODE, ("172.30.0.0/16", "172.31.0.1/32"))
-    assert sets(fragment)["service-cidrs"].elements == (
-        {"prefix": {"addr": "172.30.0.0", "len": 16}}, "172.31.0.1")
+    assert sets(fragment)["service-cidrs"].elements == ("172.30.0.0/16", "172.31.0.1")
 
 
 # --- masquerade bit, conntrack -----------------------------------------------------
@@ -426,8 +429,8 @@ RENDERER_TESTS = {
         "test_the_affinity_table_dispatches_after_the_main_table_with_its_own_objects"
     ),
 }
-HELPERS = {"_rule"}
-"""Builds a Rule from its statements; decides nothing."""
+HELPERS = {"_rule", "_network"}
+"""Build a Rule from its statements, write a CIDR canonically; decide nothing."""
 
 
 def test_every_private_renderer_has_a_test() -> None:

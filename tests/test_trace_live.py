@@ -39,6 +39,7 @@ from feed import intake
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import L4Protocol, ServicePortName
+from nftproxy.core.nft.jsontext import command_json
 from nftproxy.core.rules import names
 from nftproxy.core.trace import Packet
 from nftproxy.kernel import netns as nsutil
@@ -77,7 +78,8 @@ def test_a_monitor_line_reaches_the_terminal_with_its_control_characters_escaped
 
 
 def test_the_tracing_chains_match_the_5_tuple_and_are_removed_one_by_one() -> None:
-    cmds = trace_chains(Packet("fd00::2", "fd00::10", 80, "tcp", sport=4000), "nftproxy", 7)
+    cmds = [command_json(c) for c in
+            trace_chains(Packet("fd00::2", "fd00::10", 80, "tcp", sport=4000), "nftproxy", 7)]
     chains = [c["add"]["chain"] for c in cmds if "chain" in c["add"]]
     assert [(c["family"], c["name"], c["hook"], c["prio"]) for c in chains] == [
         ("ip6", "trace-7-prerouting", "prerouting", -350),

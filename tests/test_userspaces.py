@@ -1,20 +1,20 @@
 """Two nftables userspaces: what one writes, the other lists (docs/userspaces.md).
 
 Aspects:
-- declarations in both dialects (core/nft/ops.py): by datatype for
-  libnftables 1.0.6, by typeof for 1.1.x (`"type": {"typeof": ...}` and, for
-  verdict maps, `"map": {"typeof": {"accept": null}}`); `NftBackend` picks the
-  dialect of the libnftables it runs with;
-- the planner and the dialect: in the typeof dialect a full sync re-declares
-  a set listed by datatype (1.1.x lists so only what it was told by `type`,
-  whose userdata crash 1.0.6), once, and keeps what it declared by typeof; in
-  the datatype dialect nothing is re-declared (1.0.6 lists every set so);
+- declarations by typeof in both printers (core/nft/nfttext.py,
+  core/nft/jsontext.py: `"type": {"typeof": ...}` and, for verdict maps,
+  `"map": {"typeof": {"accept": null}}`), every set and map of the sample,
+  whichever libnftables the fake stands for; a declaration without the
+  selectors of its key cannot be built; the JSON printer only where
+  libnftables' JSON takes typeof (1.1.x);
+- the planner over what it declared: 1.1.x lists each key by its expression,
+  1.0.6 by its datatypes, and either way a second full sync re-declares
+  nothing;
 - version skew, in the kernel, both ways: a table programmed by `nftproxy
   sync` in one userspace lists cleanly (rc 0, no segfault) with the other's
   `nft list ruleset`, `nft -j list ruleset` and `nftproxy dump` (which shows
   what the writer's own dump shows); also after the other's sync over it (an
-  agent rolled back or upgraded), and after 1.1.x syncs over a table declared
-  as nftproxy did before (by `type`). These need the trixie userspace
+  agent rolled back or upgraded). These need the trixie userspace
   (libnftables 1.1.3, `scripts/userspace.sh trixie`) at $NFTPROXY_TRIXIE,
   which scripts/test-userspaces.sh builds and sets; without it they skip,
   saying so; they run from the host (1.0.6), which drives both userspaces.
@@ -27,7 +27,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,14 @@ import pytest
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, NodeInfo
+from nftproxy.core.nft.errors import NftUnavailable
+from nftproxy.core.nft.jsontext import command_json
 from nftproxy.core.nft.listing import TableListing, list_family_objects
+from nftproxy.core.nft.nfttext import command_text
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import TableState, stage_full
 from nftproxy.core.rules.dispatch import is_choosers_map, is_indexed_map
-from nftproxy.core.rules.fragment import Fragment, SetDecl, kernel_name
+from nftproxy.core.rules.fragment import Fragment, SetDecl
 from nftproxy.core.rules.skeleton import render_skeleton
 from nftproxy.kernel.fake import FakeBackend
 from nftproxy.kernel.libnftables import NftBackend
@@ -60,36 +62,30 @@ CONCAT = {
 }
 
 
-# --- the two dialects -------------------------------------------------------
+# --- declarations by typeof, in both printers --------------------------------
 
 
-def _spec(table: Table, decl: SetDecl) -> dict[str, object]:
-    ((kind, spec),) = table.add_set(decl)["add"].items()
-    assert kind == ("map" if decl.map else "set")
-    return dict(spec)
-
-
-def test_the_typeof_dialect_declares_keys_by_expression_and_verdicts_by_typeof() -> None:
-    t = Table("ip", "nftproxy", typeof=True)
-    vmap = _spec(t, SetDecl.keyed("m", THREE, map="verdict"))
-    assert vmap["type"] == {"typeof": CONCAT}
-    assert vmap["map"] == {"typeof": {"accept": None}}
-    aff = _spec(t, SetDecl.keyed("a", ("ip6 saddr",), flags=("timeout",), timeout=60))
-    assert aff["type"] == {"typeof": {"payload": {"protocol": "ip6", "field": "saddr"}}}
-    assert aff["flags"] == ["timeout"] and aff["timeout"] == 60
-
-
-def test_the_datatype_dialect_declares_as_before() -> None:
+def test_both_printers_declare_keys_by_expression_and_verdicts_by_typeof() -> None:
     t = Table("ip", "nftproxy")
-    vmap = _spec(t, SetDecl.keyed("m", THREE, map="verdict"))
-    assert vmap["type"] == ["ipv4_addr", "inet_proto", "inet_service"]
-    assert vmap["map"] == "verdict"
-    assert _spec(t, SetDecl.keyed("s", ("ip daddr",)))["type"] == "ipv4_addr"
+    vmap = t.add_set(SetDecl.keyed("m", THREE, map="verdict"))
+    spec = command_json(vmap)["add"]["map"]
+    assert spec["type"] == {"typeof": CONCAT}
+    assert spec["map"] == {"typeof": {"accept": None}}
+    assert command_text(vmap) == (
+        "add map ip nftproxy m { typeof ip daddr . meta l4proto . th dport : verdict; }")
+    aff = t.add_set(SetDecl.keyed("a", ("ip6 saddr",), flags=("timeout",), timeout=60))
+    spec = command_json(aff)["add"]["set"]
+    assert spec["type"] == {"typeof": {"payload": {"protocol": "ip6", "field": "saddr"}}}
+    assert spec["flags"] == ["timeout"] and spec["timeout"] == 60
+    assert command_text(aff) == (
+        "add set ip nftproxy a { typeof ip6 saddr; flags timeout; timeout 60s; }")
 
 
-def test_a_declaration_without_selectors_stays_by_datatype() -> None:
-    decl = SetDecl("pairs", ("ipv4_addr", "ipv4_addr"))
-    assert _spec(Table("ip", "t", typeof=True), decl)["type"] == ["ipv4_addr", "ipv4_addr"]
+def test_a_declaration_without_selectors_cannot_be_built() -> None:
+    """No printer could declare it by typeof, and by datatype 1.1.x would
+    write userdata that crash 1.0.6's listing."""
+    with pytest.raises(ValueError):
+        Table("ip", "t").add_set(SetDecl("pairs", ("ipv4_addr", "ipv4_addr")))
 
 
 def test_a_listing_by_typeof_is_read() -> None:
@@ -101,15 +97,13 @@ def test_a_listing_by_typeof_is_read() -> None:
     )
     (ks,) = listed.sets.values()
     assert ks.type == () and ks.map == "verdict"
-    assert ks.typeof == Table("ip", "t", typeof=True).declared_typeof(
-        SetDecl.keyed("m", THREE, map="verdict")
-    )
+    assert ks.typeof == Table.declared_typeof(SetDecl.keyed("m", THREE, map="verdict"))
 
 
 def _declarations(commands: tuple[Any, ...]) -> list[Any]:
     return [
         spec
-        for c in commands
+        for c in map(command_json, commands)
         for verb, body in c.items()
         if verb == "add"
         for kind, spec in body.items()
@@ -117,10 +111,11 @@ def _declarations(commands: tuple[Any, ...]) -> list[Any]:
     ]
 
 
-def test_every_set_and_map_of_the_sample_is_declared_by_typeof_on_1_1() -> None:
+@pytest.mark.parametrize("version", ["1.0.6", "1.1"])
+def test_every_set_and_map_of_the_sample_is_declared_by_typeof(version: str) -> None:
     """Skeleton maps and sets, firewall (interval) and affinity (timeout) sets:
-    none may fall back to a datatype declaration, which would crash 1.0.6."""
-    proxier = proxier_from_files([SAMPLE], ProxyConfig(), FakeBackend(version="1.1"))
+    none is declared by datatype, which would crash 1.0.6 when 1.1.x wrote it."""
+    proxier = proxier_from_files([SAMPLE], ProxyConfig(), FakeBackend(version=version))
     decls = _declarations(proxier.plan_full().commands)
     kinds = {(bool(d.get("map")), tuple(d.get("flags", ()))) for d in decls}
     assert kinds >= {
@@ -145,7 +140,7 @@ def test_every_set_and_map_of_the_sample_is_declared_by_typeof_on_1_1() -> None:
     ])
 
 
-# --- the planner in each dialect --------------------------------------------
+# --- the planner over what it declared ---------------------------------------
 
 
 def _skeleton() -> Fragment:
@@ -153,48 +148,30 @@ def _skeleton() -> Fragment:
     return render_skeleton(IPFamily.IPV4, config, NodeInfo("n", ("192.168.50.1",)))
 
 
-def _full_sync(backend: FakeBackend, *, typeof: bool) -> list[str]:
+def _full_sync(backend: FakeBackend) -> list[str]:
     """One full sync of the skeleton; the names of the sets it deleted."""
     state = TableState(IPFamily.IPV4, Table("ip", "nftproxy"))
-    state.use_typeof(typeof)
     listed = list_family_objects(backend.list_table_objects, "ip", "nftproxy")
     staged = stage_full(state, listed, {"sk": _skeleton()})
-    backend.declare(staged.declarations)
     backend.commit(staged.commands)
     staged.commit()
     return [
         next(iter(c["delete"].values()))["name"]
-        for c in staged.commands
+        for c in map(command_json, staged.commands)
         if "delete" in c and {"set", "map"} & set(c["delete"])
     ]
 
 
-@pytest.fixture
-def fake11() -> Iterator[FakeBackend]:
-    backend = FakeBackend(version="1.1")
-    backend.start()
-    yield backend
-    backend.close()
-
-
-def test_1_1_redeclares_sets_listed_by_datatype_once(fake11: FakeBackend) -> None:
-    assert _full_sync(fake11, typeof=False) == []  # as nftproxy declared before
-    redeclared = _full_sync(fake11, typeof=True)
-    # all but those only nft text declared (an integer key: typeof, on 1.1
-    # too); the maps the choosers pick from are no skeleton's, they come
-    # with the ports that use them
-    by_datatype = [kernel_name(s.name) for s in _skeleton().sets if not s.text_only]
-    assert sorted(redeclared) == sorted(by_datatype)
-    assert _full_sync(fake11, typeof=True) == []  # now listed by typeof: kept
-    listed = list_family_objects(fake11.list_table_objects, "ip", "nftproxy")
-    assert listed is not None and all(s.typeof for s in listed.sets.values())
-
-
-def test_1_0_6_never_redeclares() -> None:
-    fake = FakeBackend()
+@pytest.mark.parametrize("version", ["1.0.6", "1.1"])
+def test_a_full_sync_over_what_it_declared_redeclares_nothing(version: str) -> None:
+    fake = FakeBackend(version=version)
     fake.start()
-    assert _full_sync(fake, typeof=False) == []
-    assert _full_sync(fake, typeof=False) == []
+    assert _full_sync(fake) == []
+    assert _full_sync(fake) == []
+    listed = list_family_objects(fake.list_table_objects, "ip", "nftproxy")
+    assert listed is not None
+    by_expression = [s.typeof is not None for s in listed.sets.values()]
+    assert by_expression == [version == "1.1"] * len(listed.sets) and listed.sets
 
 
 # --- the dialect of the libnftables in use (kernel) ---------------------------
@@ -207,17 +184,32 @@ def _nft_version() -> tuple[int, ...]:
     return tuple(int(g) for g in match.groups())
 
 
-def test_the_backend_declares_by_typeof_exactly_where_libnftables_can(netns: str) -> None:
-    with NftBackend(netns=netns) as nft:
-        assert nft.accepts_typeof() == (_nft_version() >= (1, 1, 0))
-        table = Table("ip", "px", typeof=nft.accepts_typeof())
-        decl = SetDecl.keyed("m", THREE, map="verdict")
+@pytest.mark.parametrize("syntax", ["nft", "json"])
+def test_each_printer_declares_by_typeof_where_libnftables_takes_it(
+    netns: str, syntax: str
+) -> None:
+    """nft's syntax on both userspaces; JSON on 1.1.x only (1.0.6's refuses
+    typeof: the backend will not start with it there). 1.1.x lists the key
+    by its expression, 1.0.6 by its datatypes."""
+    v11 = _nft_version() >= (1, 1, 0)
+    nft = NftBackend(netns=netns, syntax=syntax)
+    if syntax == "json" and not v11:
+        with pytest.raises(NftUnavailable):
+            nft.start()
+        return
+    table = Table("ip", "px")
+    decl = SetDecl.keyed("m", THREE, map="verdict")
+    with nft:
+        assert nft.accepts_typeof() == v11
         nft.commit([*table.add_tables(), table.add_set(decl)])
         listed = nft.list_table_objects("ip", "px")
     assert listed is not None
     ks = listed.sets["m"]
-    assert (ks.map, ks.typeof) == ("verdict", table.declared_typeof(decl))
-    assert ks.type == (() if table.typeof else ("ipv4_addr", "inet_proto", "inet_service"))
+    if v11:
+        assert (ks.map, ks.typeof, ks.type) == ("verdict", table.declared_typeof(decl), ())
+    else:
+        assert (ks.map, ks.typeof) == ("verdict", None)
+        assert ks.type == ("ipv4_addr", "inet_proto", "inet_service")
 
 
 class Recording(NftBackend):
@@ -241,7 +233,8 @@ def test_a_full_sync_keeps_what_the_last_one_declared(netns: str) -> None:
         proxier.request_full_sync()
         assert proxier.sync().full
         listed = nft.list_table_objects("ip", "nftproxy-affinity")
-    deleted = [c for c in nft.sent if "delete" in c and {"set", "map"} & set(c["delete"])]
+    sent = [command_json(c) for c in nft.sent]
+    deleted = [c for c in sent if "delete" in c and {"set", "map"} & set(c["delete"])]
     assert deleted == []
     assert listed is not None and "affinity" in listed.sets  # the affinity table's
 
@@ -306,32 +299,13 @@ def _listings(us: Userspace, ns: str) -> tuple[str, str, str]:
     return text, js, dump
 
 
-def _old_declarations() -> tuple[str, str]:
-    """nftproxy's transaction as 1.0.6 sends it, which declares by datatype:
-    the --dry-run plan (a 1.0.6-dialect fake), one JSON command a line -- its
-    nft text declarations (the maps and set with an integer key: the
-    choosers' endpoints maps, the affinity set) apart, and the JSON."""
-    plan = subprocess.run(
-        [sys.executable, "-m", "nftproxy", "sync", "--dry-run", "--json", "--source", SAMPLE],
-        capture_output=True, text=True, check=True, cwd=REPO,
-    )
-    lines = [json.loads(line) for line in plan.stdout.splitlines() if line.strip()]
-    texts = "\n".join(c["nft-text"] for c in lines if "nft-text" in c)
-    commands = [c for c in lines if "nft-text" not in c]
-    return texts, json.dumps({"nftables": commands})
-
-
 def _write(how: str, writer: Userspace, lister: Userspace, ns: str) -> None:
-    if how == "old declarations, then sync":
-        texts, commands = _old_declarations()
-        _ok(writer.run(ns, "nft", "-f", "-", stdin=texts), "old declarations (text)")
-        _ok(writer.run(ns, "nft", "-j", "-f", "-", stdin=commands), "old declarations")
     _ok(writer.nftproxy(ns, "sync", "--source", SAMPLE), f"{writer.name}: nftproxy sync")
     if how == "sync, then the lister's sync":
         _ok(lister.nftproxy(ns, "sync", "--source", SAMPLE), f"{lister.name}: sync over it")
 
 
-HOWS = ["sync", "sync, then the lister's sync", "old declarations, then sync"]
+HOWS = ["sync", "sync, then the lister's sync"]
 
 
 @pytest.mark.parametrize("how", HOWS)

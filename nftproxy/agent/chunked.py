@@ -41,12 +41,13 @@ from typing import TypeVar, cast
 from nftproxy.agent.report import SyncInput
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily
+from nftproxy.core.nft.commands import Command
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.plan import SKELETON, Owner, Staged, TableState
 from nftproxy.core.render import RenderedFamily, chunks, render_fresh
 from nftproxy.core.rules import names
-from nftproxy.core.rules.fragment import Chain, CompactFragment, Fragment, Json, compact
+from nftproxy.core.rules.fragment import Chain, CompactFragment, Fragment, compact
 
 __all__ = ["Build", "Chunked", "Records", "Step", "run_steps"]
 
@@ -78,13 +79,12 @@ class Build:
 @dataclass(frozen=True, slots=True)
 class Chunked:
     """What a full sync in steps needs of the proxier: its config, the
-    chunk size in endpoints, its `stage` (given the tables to stage
-    against) and whether the backend takes typeof declarations."""
+    chunk size in endpoints and its `stage` (given the tables to stage
+    against)."""
 
     config: ProxyConfig
     min_endpoints: int
     stage: Stage
-    typeof: bool = False
 
     def build(self, snapshot: SyncInput, live: str | None) -> Build | None:
         """The steps of the full sync `snapshot` when the table `live` (None:
@@ -96,7 +96,7 @@ class Chunked:
         pair = names.table_pair(self.config.table_name)
         target = pair[1] if live == pair[0] else pair[0]
         tables = {
-            f: TableState(f, Table(f.nft_family, target, typeof=self.typeof))
+            f: TableState(f, Table(f.nft_family, target))
             for f in snapshot.families
         }
         leftovers = [name for name in pair if name != live]
@@ -128,7 +128,7 @@ class Chunked:
         yield {f: _switch(state, skeletons[f], live) for f, state in tables.items()}, {}
 
 
-def _delete(state: TableState, name: str) -> list[Json]:
+def _delete(state: TableState, name: str) -> list[Command]:
     """Delete the family's tables called `name`, whether they exist or not."""
     return replace(state.table, name=name).delete_tables()
 
@@ -146,7 +146,9 @@ def _switch(state: TableState, skeleton: Fragment, live: str | None) -> Staged:
     tables that were live, in one transaction."""
     t = state.table
     hooked: list[Chain] = [c for c in skeleton.chains if c.hook is not None]
-    commands = [c for chain in hooked for c in (t.add_chain(chain), *t.add_rules(chain))]
+    commands: list[Command] = [
+        c for chain in hooked for c in (t.add_chain(chain), *t.add_rules(chain))
+    ]
     if live is not None:
         commands += _delete(state, live)
     return Staged(commands, lambda: state.adopt(SKELETON, skeleton))

@@ -46,7 +46,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from nftproxy.agent.chunked import Build, Chunked, Records, run_steps
 from nftproxy.agent.drift import DriftWatch, drift_reason
@@ -70,6 +69,7 @@ from nftproxy.core.model import (
     NodeInfo,
     ServiceInfo,
 )
+from nftproxy.core.nft.commands import Command
 from nftproxy.core.nft.errors import NftBusy, NftError
 from nftproxy.core.nft.listing import TableListing, list_family_objects
 from nftproxy.core.nft.ops import Table
@@ -264,8 +264,7 @@ class Proxier:
             snapshot = self._snapshot(force_full=True)
             staged = self._stage(self._render(snapshot), listings={})
             commands = tuple(c for s in staged.values() for c in s.commands)
-            texts = tuple(d for s in staged.values() for d in s.declarations)
-            return PlannedSync(snapshot, commands, texts)
+            return PlannedSync(snapshot, commands)
 
     def _sync(self) -> SyncReport:
         start = self.clock()
@@ -303,13 +302,7 @@ class Proxier:
             rendered = self._render(snapshot)
             staged = self._stage(rendered, listings)
             t_commit = self.clock()
-            try:
-                ops = self._commit(staged, rendered, full=snapshot.full)
-            except NftError:
-                if snapshot.full and self._live is None:
-                    # 1.0.6's text declarations went in before the refused commands
-                    self._delete_tables(fam.table for fam in self._families.values())
-                raise
+            ops = self._commit(staged, rendered, full=snapshot.full)
         return ops, t_commit - t_render, self.clock() - t_commit
 
     def _chunked(self) -> Chunked:
@@ -321,9 +314,7 @@ class Proxier:
         ) -> dict[IPFamily, Staged]:
             return self._stage(rendered, listings, records, tables=tables)
 
-        return Chunked(
-            self.config, self._fresh_chunk, stage, typeof=self.backend.accepts_typeof()
-        )
+        return Chunked(self.config, self._fresh_chunk, stage)
 
     def _build_steps(self, build: Build) -> tuple[int, float, float]:
         """A full sync in steps (agent/chunked.py), each its own transaction;
@@ -429,10 +420,8 @@ class Proxier:
         fragments' compact records where already made; `tables`: the
         records to stage against (a build's; default: the live tables')."""
         out: dict[IPFamily, Staged] = {}
-        typeof = self.backend.accepts_typeof()
         for family, r in rendered.items():
             table = tables[family] if tables else self._families[family].table
-            table.use_typeof(typeof)
             if r.full:
                 out[family] = stage_full(
                     table,
@@ -488,18 +477,13 @@ class Proxier:
     def _commit_staged(
         self,
         staged: Mapping[IPFamily, Staged],
-        commands: Sequence[Mapping[str, Any]],
+        commands: Sequence[Command],
         fresh: bool,
     ) -> int:
-        """Commit `commands` (both families' of `staged`) as one transaction,
-        after `staged`'s declarations (`fresh`: a throwaway context); a
-        refusal asks for a full sync, raises. Returns the number of
-        commands. Touches no record."""
-        declarations = [d for s in staged.values() for d in s.declarations]
+        """Commit `commands` (both families' of `staged`) as one transaction
+        (`fresh`: a throwaway context); a refusal asks for a full sync,
+        raises. Returns the number of commands. Touches no record."""
         try:
-            if declarations:  # libnftables 1.0.6: what its JSON cannot declare
-                with self._drift.committing(declarations):
-                    self.backend.declare(declarations)
             # A full sync of a large cluster fills a libnftables cache of
             # hundreds of MB: use a context freed right after (docs/architecture.md, "Edges").
             with self._drift.committing(commands):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from nftproxy.core.model import IPFamily, NamespacedName, NodeInfo, ServicePortName
+from nftproxy.core.nft.commands import Command
 from nftproxy.core.tracker import StateSnapshot, UpdateResult
 
 __all__ = [
@@ -97,9 +98,7 @@ class PlannedSync:
     rendered from and the commands it would commit."""
 
     input: SyncInput
-    commands: tuple[Mapping[str, object], ...]
-    declarations: tuple[str, ...] = ()
-    """nft text committed just before `commands` (Staged.declarations)."""
+    commands: tuple[Command, ...]
 
 
 PostCommitHook = Callable[[SyncReport], None]

@@ -18,10 +18,14 @@ interval overlaps are not modelled.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nftproxy.core.nft.commands import Command
+from nftproxy.core.nft.errors import NftUnavailable
+from nftproxy.core.nft.jsontext import METAINFO
 from nftproxy.core.nft.listing import TableListing
 from nftproxy.core.nft.ownership import FoundTable, our_tables
 from nftproxy.kernel.fake_tables import (
@@ -32,11 +36,21 @@ from nftproxy.kernel.fake_tables import (
     dynset_targets,
     listing,
 )
-from nftproxy.kernel.fake_text import parse_declarations
+from nftproxy.kernel.fake_text import parse_transaction
 from nftproxy.kernel.fake_txn import Txn
-from nftproxy.kernel.libnftables import METAINFO, Json, delete_tables_commands
+from nftproxy.kernel.libnftables import PRINTERS, Json, delete_tables_commands
 
 __all__ = ["FakeBackend"]
+
+
+def _without_set_comment(command: Json) -> Json:
+    """As libnftables' JSON parser reads it: a set's or map's comment is dropped."""
+    add = command.get("add")
+    if isinstance(add, dict) and len(add) == 1:
+        ((kind, spec),) = add.items()
+        if kind in ("set", "map") and "comment" in spec:
+            return {"add": {kind: {k: v for k, v in spec.items() if k != "comment"}}}
+    return command
 
 
 class FakeBackend:
@@ -50,10 +64,14 @@ class FakeBackend:
     raise NotImplementedError rather than being accepted silently.
     """
 
-    def __init__(self, *, version: str = "1.0.6") -> None:
+    def __init__(self, *, version: str = "1.0.6", syntax: str = "nft") -> None:
         if version not in ("1.0.6", "1.1"):
             raise ValueError(f"FakeBackend models libnftables 1.0.6 or 1.1, not {version}")
+        if syntax not in PRINTERS:
+            raise ValueError(f"syntax {syntax!r}: one of {sorted(PRINTERS)}")
         self._v11 = version == "1.1"
+        self.syntax = syntax
+        self._print = PRINTERS[syntax]
         self._tables: dict[TableKey, FTable] = {}
         self._next_table_handle = 1
         self._generation = 1
@@ -63,34 +81,34 @@ class FakeBackend:
     def start(self) -> None:
         if self._started:
             raise RuntimeError("FakeBackend already started")
+        if self.syntax == "json" and not self._v11:
+            raise NftUnavailable("libnftables 1.0.6's JSON declares no set by typeof")
         self._started = True
 
     def close(self) -> None:
         self._started = False
 
-    def accepts_typeof(self) -> bool:
-        """As libnftables 1.1.x (True) or 1.0.6 (the default); a property
-        of the model, so it needs no start() (dry runs plan with a fake that
-        is never started)."""
-        return self._v11
-
     def _check_started(self) -> None:
         if not self._started:
             raise RuntimeError("FakeBackend not started (or closed)")
 
-    def declare(self, texts: Sequence[str]) -> None:
-        """nft text declarations (kernel/fake_text.py), as one transaction."""
-        if texts:
-            self._apply(parse_declarations(list(texts), v11=self._v11), text=True)
+    def encoded(self, commands: Sequence[Command]) -> Sequence[Command]:
+        return commands  # printed when committed, as sent
 
-    def encoded(self, commands: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
-        return commands  # the model applies commands, not text
-
-    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
+    def commit(self, commands: Sequence[Command], *, fresh: bool = False) -> None:
+        """Print `commands` as NftBackend would, read the text back, apply it."""
         if commands:
-            self._apply(commands)
+            self._apply(self._read(self._print(commands)))
 
-    def _apply(self, commands: Sequence[Mapping[str, Any]], *, text: bool = False) -> None:
+    def _read(self, text: str) -> list[Mapping[str, Any]]:
+        """The JSON commands of a printed transaction: libnftables JSON as
+        parsed, nft's syntax as kernel/fake_text.py reads it."""
+        if self.syntax == "json":
+            objects: list[Json] = json.loads(text)["nftables"]
+            return [_without_set_comment(o) for o in objects if "metainfo" not in o]
+        return list(parse_transaction(text, v11=self._v11))
+
+    def _apply(self, commands: Sequence[Mapping[str, Any]]) -> None:
         self._check_started()
         with self._lock:
             txn = Txn(
@@ -98,13 +116,11 @@ class FakeBackend:
                 self._next_table_handle,
                 dynset_targets(commands),
                 v11=self._v11,
-                text=text,
+                text=self.syntax == "nft",
             )
             for index, command in enumerate(commands):
                 try:
                     for verb, body in command.items():
-                        if verb == "metainfo":
-                            continue
                         for kind, spec in body.items():
                             txn.apply(verb, kind, spec)
                     if index == len(commands) - 1:
@@ -125,7 +141,7 @@ class FakeBackend:
         self._check_started()
         head: list[Json] = [dict(METAINFO)]
         if "list" not in command:
-            self.commit([command])
+            self._apply([command])
             return {"nftables": []}
         ((what, spec),) = command["list"].items()
         family = (spec or {}).get("family")

@@ -1,11 +1,11 @@
 """NftBackend: the real `Backend` (core/nft/seam.py), over libnftables.
 
 Layer: kernel edge (the only module that talks to libnftables; its test
-double is kernel/fake.py). One job: apply one transaction atomically and
-list what one table holds (`list_table_objects` -> core/nft/listing.py
-`TableListing`), and say which dialect its JSON declares sets in
-(`accepts_typeof`: typeof for 1.1.x, datatypes for 1.0.6; core/nft/ops.py).
-Callers: the proxier (commit, list_table_objects, accepts_typeof), the agent
+double is kernel/fake.py). One job: print one transaction's typed commands
+(core/nft/commands.py) with the printer chosen when the backend is built,
+apply it atomically, and list what one table holds (`list_table_objects`
+-> core/nft/listing.py `TableListing`).
+Callers: the proxier (commit, list_table_objects), the agent
 (start, close), the CLI (list_table for `dump`, delete_tables for `cleanup`,
 find_tables before `sync`, `run` and `cleanup`: core/nft/ownership.py) and
 the tests; `cli.py` builds the real NftBackend, tests build FakeBackend.
@@ -32,13 +32,15 @@ flag, sets and maps come without elements (their elements are not even
 fetched), so one batch [sets(table), maps, chains] costs what its chains
 cost. Several list commands in one batch print one JSON document each.
 
-Transactions go in nft's own syntax where all their commands have one
-(core/nft/nfttext.py; a set declaration has none, so such a transaction
-goes in JSON): libnftables parses and evaluates it in less time
-(bench/RESULTS.md, "What moved the numbers"). A refused transaction is sent
-once, in whichever syntax it was written: the errno in its text types the
-error either way, and a table name nft's syntax cannot say (one of its
-keywords, such as `mark`) is refused at start-up.
+Printers (`PRINTERS`): nft's own syntax (core/nft/nfttext.py), the
+default, which both userspaces parse whole and in less time
+(bench/RESULTS.md, "What moved the numbers"); or JSON (core/nft/jsontext.py),
+which only 1.1.x can take (1.0.6's JSON declares no set by typeof and drops
+a table's comment): `start()` refuses it on 1.0.6. Every transaction of a
+backend goes through its one printer; a refused transaction is sent once,
+and the errno in libnftables' text types the error. A table name nft's
+syntax cannot say (one of its keywords, such as `mark`) is refused at
+start-up (tools/cli.py).
 
 Known limits:
 - command_index is None for kernel errors (libnftables 1.0.6 names no
@@ -54,15 +56,14 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
+from nftproxy.core.nft import jsontext, nfttext
+from nftproxy.core.nft.commands import Command
 from nftproxy.core.nft.errors import (
     NftNotFound,
     NftUnavailable,
     rejection,
 )
-from nftproxy.core.nft.jsontext import transaction_text
 from nftproxy.core.nft.listing import TableListing
-from nftproxy.core.nft.nfttext import NoText
-from nftproxy.core.nft.nfttext import transaction_text as nft_text
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.nft.ownership import FoundTable, our_tables
 from nftproxy.core.rules import names
@@ -82,7 +83,6 @@ _log = logging.getLogger(__name__)
 Json = dict[str, Any]
 T = TypeVar("T")
 
-METAINFO: Json = {"metainfo": {"json_schema_version": 1}}
 FAMILIES = ("ip", "ip6")
 
 
@@ -147,27 +147,25 @@ def _new_context() -> Any:
     return ctx
 
 
-def _transaction(commands: Sequence[Mapping[str, Any]], *, nft_syntax: bool) -> str:
-    """The text libnftables is given: nft's own syntax when asked and every
-    command has one (core/nft/nfttext.py: parsed in less time), else JSON."""
-    if nft_syntax:
-        with contextlib.suppress(NoText):
-            return nft_text(commands)
-    return transaction_text(commands, head=METAINFO)
+PRINTERS: Mapping[str, Callable[[Sequence[Command]], str]] = {
+    "nft": nfttext.transaction_text,
+    "json": jsontext.transaction_text,
+}
+"""The two printers of a transaction, by the name a backend is built with."""
 
 
-class _Encoded(Sequence[Mapping[str, Any]]):
+class _Encoded(Sequence[Command]):
     """Commands and the text of their transaction (`NftBackend.encoded`)."""
 
     __slots__ = ("commands", "text")
 
-    def __init__(self, commands: Sequence[Mapping[str, Any]], text: str) -> None:
+    def __init__(self, commands: Sequence[Command], text: str) -> None:
         self.commands, self.text = commands, text
 
     @overload
-    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
+    def __getitem__(self, index: int) -> Command: ...
     @overload
-    def __getitem__(self, index: slice) -> Sequence[Mapping[str, Any]]: ...
+    def __getitem__(self, index: slice) -> Sequence[Command]: ...
     def __getitem__(self, index: int | slice) -> Any:
         return self.commands[index]
 
@@ -257,7 +255,7 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-def delete_tables_commands(table: str) -> list[Mapping[str, Any]]:
+def delete_tables_commands(table: str) -> list[Command]:
     """Delete every table nftproxy writes for `table` (both names of the
     pair, their affinity tables, ip and ip6), whether they exist or not
     (ops.Table.delete_tables)."""
@@ -280,17 +278,30 @@ class NftBackend(_netns.WorkerOwner[Any]):
 
     `start()` creates the context (NftUnavailable if it cannot); every other
     method may be called from any thread. Use as a context manager or call
-    `close()`. Transactions are sent in nft's own syntax where they have
-    one; `nft_syntax=False` sends every one as JSON (tests compare both).
+    `close()`. Transactions are printed by one printer, chosen when the
+    backend is built: nft's syntax (`syntax="nft"`, the default: both
+    userspaces parse every command in it) or JSON (`"json"`: libnftables
+    1.1.x only, whose JSON declares sets by typeof; start() refuses it on
+    1.0.6).
     """
 
-    def __init__(self, *, netns: str | None = None, nft_syntax: bool = True) -> None:
+    def __init__(self, *, netns: str | None = None, syntax: str = "nft") -> None:
+        if syntax not in PRINTERS:
+            raise ValueError(f"syntax {syntax!r}: one of {sorted(PRINTERS)}")
         self._worker = _netns.Worker(netns, _new_context, name="nft", wrap_error=_unavailable)
         self._typeof: bool | None = None
-        self._nft_syntax = nft_syntax
+        self.syntax = syntax
+
+    def start(self) -> None:
+        super().start()
+        if self.syntax == "json" and not self.accepts_typeof():
+            self.close()
+            raise NftUnavailable("this libnftables' JSON declares no set by typeof (1.0.6): "
+                                 "its transactions must be printed in nft's syntax")
 
     def accepts_typeof(self) -> bool:
-        """True for libnftables 1.1.x, False for 1.0.6 (probed once)."""
+        """Whether this libnftables' JSON declares sets by typeof: True for
+        1.1.x, False for 1.0.6 (probed once)."""
         if self._typeof is None:
             self._typeof = self._call(_accepts_typeof)
         return self._typeof
@@ -299,8 +310,7 @@ class NftBackend(_netns.WorkerOwner[Any]):
         """Whether nft's syntax can say `name` as a table name (a dry run:
         nothing reaches the kernel). It cannot when the name is one of nft's
         keywords (`mark`, `ip`, `eq` ...; the list grows with the version),
-        and 1.0.6 declares some sets in nft syntax (core/nft/ops.py
-        `declare_text`), so such a table cannot be programmed there."""
+        so such a table cannot be programmed by the nft printer."""
         return self._call(lambda ctx: _dry_run(ctx, f"add table ip {name}")) == 0
 
     def generation(self) -> int:
@@ -315,58 +325,20 @@ class NftBackend(_netns.WorkerOwner[Any]):
     def _call(self, fn: Callable[[Any], T]) -> T:
         return self._worker.call(fn)
 
-    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
+    def commit(self, commands: Sequence[Command], *, fresh: bool = False) -> None:
         """Apply `commands` as ONE atomic transaction (one libnftables call).
 
         Nothing happens for an empty list. `fresh=True` runs it on a
         temporary context that is freed afterwards (large full syncs). Raises
         an NftRejected subclass when libnftables refuses; then nothing was
-        applied.
+        applied. A refusal is sent once: its errno text types it.
         """
         if not commands:
             return
-        if isinstance(commands, _Encoded):
-            text = commands.text
-        else:
-            text = _transaction(commands, nft_syntax=self._nft_syntax)
-        if text.startswith("{"):
-            self._create_marked(commands)
+        text = commands.text if isinstance(commands, _Encoded) else self.printed(commands)
         rc, err = self._send(text, fresh=fresh)
         if rc != 0:
-            # A refusal is sent once: its errno text types it in either syntax
-            # (table names nft's syntax cannot say are refused at start-up).
-            raise rejection(err.strip(), commands, first_index=1 if text.startswith("{") else 0)
-
-    def _create_marked(self, commands: Sequence[Mapping[str, Any]]) -> None:
-        """Create, in nft's syntax, the tables `commands` add with a comment
-        and that do not exist yet: libnftables 1.0.6's JSON drops a table's
-        comment, and the kernel keeps the one a table was created with. Only
-        a table's creation costs this extra commit (its existence is one
-        netlink dump); a refusal here is left to the transaction itself."""
-        adds = [
-            command
-            for command in commands
-            if isinstance(add := command.get("add"), Mapping)
-            and isinstance(table := add.get("table"), Mapping)
-            and table.get("comment")
-        ]
-        if not adds:
-            return
-        try:
-            existing = {(f, n) for f, n, _ in self._call(lambda _ctx: read_tables())}
-        except OSError:
-            return
-        missing = [
-            add
-            for add in adds
-            if (add["add"]["table"]["family"], add["add"]["table"]["name"]) not in existing
-        ]
-        if not missing:
-            return
-        with contextlib.suppress(NoText):
-            rc, err = self._send(nft_text(missing), fresh=False)
-            if rc != 0:
-                _log.debug("creating marked tables failed: %s", err.strip())
+            raise rejection(err.strip(), commands, first_index=1 if self.syntax == "json" else 0)
 
     def _send(self, text: str, *, fresh: bool) -> tuple[int, str]:
         """One libnftables call: rc and the error text."""
@@ -377,24 +349,19 @@ class NftBackend(_netns.WorkerOwner[Any]):
             rc, _, err = self._call(lambda ctx: _run(ctx, text))
         return rc, err
 
-    def encoded(self, commands: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
-        """`commands` with their transaction's text (nft syntax or JSON), which `commit` sends."""
-        return _Encoded(commands, _transaction(commands, nft_syntax=self._nft_syntax))
+    def encoded(self, commands: Sequence[Command]) -> Sequence[Command]:
+        """`commands` with their transaction's text, which `commit` sends."""
+        return _Encoded(commands, self.printed(commands))
 
-    def declare(self, texts: Sequence[str]) -> None:
-        """Apply nft text commands as ONE transaction (the JSON context falls
-        back to nft's text parser for input that is not JSON)."""
-        if not texts:
-            return
-        rc, _, err = self._call(lambda ctx: _run(ctx, "\n".join(texts)))
-        if rc != 0:
-            raise rejection(err.strip())
+    def printed(self, commands: Sequence[Command]) -> str:
+        """The transaction's text, from this backend's printer."""
+        return PRINTERS[self.syntax](commands)
 
     def run_json(self, command: Mapping[str, Any]) -> Json:
         """Run one JSON command (typically `{"list": {...}}`) and return the
         parsed output as one `{"nftables": [...]}` document (metainfo first,
         once, when libnftables printed any)."""
-        text = transaction_text([command])
+        text = jsontext.document_text([command])
         rc, out, err = self._call(lambda ctx: _run(ctx, text))
         if rc != 0:
             raise rejection(err.strip(), [command])
@@ -419,7 +386,7 @@ class NftBackend(_netns.WorkerOwner[Any]):
             {"list": {"maps": {"family": family}}},
             {"list": {"chains": {"family": family}}},
         ]
-        text = transaction_text(batch)
+        text = jsontext.document_text(batch)
         rc, out, err = self._call(lambda ctx: _run_terse(ctx, text))
         if rc != 0:
             error = rejection(err.strip(), batch)

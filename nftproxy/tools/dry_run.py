@@ -15,9 +15,8 @@ names reach the terminal.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -99,67 +98,9 @@ def dry_run(
     lines += _node_lines(planned.input, known=recorded.node is not None)
     lines += _table([_HEADER, *_rows(planned.input)])
     print("\n".join(lines), file=summary)
-    if as_json:
-        for text in planned.declarations:  # libnftables 1.0.6: sent as nft text first
-            print(json.dumps({"nft-text": text}, separators=(",", ":")), file=commands)
-        for command in planned.commands:
-            print(jsontext.command_text(command), file=commands)
-        return
-    for text in planned.declarations:
-        print(text, file=commands)
+    printer = jsontext.command_text if as_json else nfttext.command_text
     for command in planned.commands:
-        print(_nft_text(command), file=commands)
-
-
-def _nft_text(command: Mapping[str, Any]) -> str:
-    """One command as `nft -f` reads it: the planner's own text where it has
-    one, a set or map declaration by datatype here (the dry run plans for
-    libnftables 1.0.6, whose declarations have no text in core/nft)."""
-    try:
-        return nfttext.command_text(command)
-    except nfttext.NoText:
-        declared = _declaration_text(command)
-        if declared is None:
-            raise
-        return declared
-
-
-def _declaration_text(command: Mapping[str, Any]) -> str | None:
-    """`add set|map FAMILY TABLE NAME { type ...; }`, or None for any other
-    command or a declaration by typeof."""
-    ((verb, body),) = command.items()
-    ((kind, spec),) = body.items()
-    if verb != "add" or kind not in ("set", "map") or not _types(spec.get("type")):
-        return None
-    typed = _types(spec["type"])
-    if kind == "map":
-        data = _types(spec.get("map"))
-        if not data:
-            return None
-        typed += " : " + data
-    body_parts = [f"type {typed}"]
-    if spec.get("flags"):
-        body_parts.append("flags " + ", ".join(spec["flags"]))
-    if spec.get("timeout") is not None:
-        body_parts.append(f"timeout {int(spec['timeout'])}s")
-    if spec.get("size") is not None:
-        body_parts.append(f"size {int(spec['size'])}")
-    comment = spec.get("comment")
-    if comment:
-        if not isinstance(comment, str) or '"' in comment or "\\" in comment:
-            return None
-        body_parts.append(f'comment "{printable(comment)}"')
-    head = f"add {kind} {spec['family']} {spec['table']} {spec['name']}"
-    return f"{head} {{ {'; '.join(body_parts)}; }}"
-
-
-def _types(value: Any) -> str:
-    """A datatype or a concatenation of datatypes as nft writes it ("" otherwise)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return " . ".join(value)
-    return ""
+        print(printer(command), file=commands)
 
 
 def _node_lines(planned: SyncInput, *, known: bool) -> list[str]:

@@ -169,7 +169,6 @@ def planned_tables(paths: Sequence[str], config: ProxyConfig) -> Tables:
     fake.start()
     try:
         planned = proxier_from_files(paths, config, fake, log=_log).plan_full()
-        fake.declare(planned.declarations)
         fake.commit(list(planned.commands))
         listings = {
             f: doc

@@ -41,10 +41,11 @@ from typing import Any, TextIO
 
 from nftproxy.core.address import format_address
 from nftproxy.core.convert.names import printable
+from nftproxy.core.nft.commands import AddChain, AddRule, Command, DeleteChain, FlushChain, Where
 from nftproxy.core.nft.errors import NftError, NftNotFound
 from nftproxy.core.nft.seam import Backend
-from nftproxy.core.rules import names
-from nftproxy.core.rules.fragment import affinity_table_name
+from nftproxy.core.rules import fragment, names
+from nftproxy.core.rules.fragment import BaseHook, affinity_table_name
 from nftproxy.core.trace import Host, NeedsInput, Packet, Ruleset, Unsupported
 from nftproxy.core.trace import syntax as sx
 from nftproxy.core.trace.evaluate import dnat_element, lookup, match
@@ -108,7 +109,7 @@ def parse_event(line: str) -> Event | None:
     return Event(d["id"], d["family"], table, chain, d["kind"], rest, handle, verdict)
 
 
-def trace_chains(packet: Packet, table: str, pid: int) -> list[dict[str, Any]]:
+def trace_chains(packet: Packet, table: str, pid: int) -> list[Command]:
     """The commands adding the two tracing base chains for `packet`'s 5-tuple."""
     family = packet.family.nft_family
 
@@ -124,37 +125,15 @@ def trace_chains(packet: Packet, table: str, pid: int) -> list[dict[str, Any]]:
     if packet.sport is not None:
         exprs.append(match({"payload": {"protocol": "th", "field": "sport"}}, packet.sport))
     exprs.append({"mangle": {"key": {"meta": {"key": "nftrace"}}, "value": 1}})
-    out: list[dict[str, Any]] = []
+    where = Where(family, table)
+    rule = fragment.Rule(tuple(exprs), comment=f"nftproxy trace --live (pid {pid})")
+    out: list[Command] = []
     for hook in ("prerouting", "output"):
         name = f"trace-{pid}-{hook}"
-        out.append(
-            {
-                "add": {
-                    "chain": {
-                        "family": family,
-                        "table": table,
-                        "name": name,
-                        "type": "filter",
-                        "hook": hook,
-                        "prio": PRIORITY,
-                        "policy": "accept",
-                    }
-                }
-            }
-        )
-        out.append(
-            {
-                "add": {
-                    "rule": {
-                        "family": family,
-                        "table": table,
-                        "chain": name,
-                        "expr": exprs,
-                        "comment": f"nftproxy trace --live (pid {pid})",
-                    }
-                }
-            }
-        )
+        out += [
+            AddChain(where, name, BaseHook("filter", hook, PRIORITY, "accept")),
+            AddRule(where, name, rule),
+        ]
     return out
 
 
@@ -456,11 +435,11 @@ def _record(pk: _Packet, rule: Rule, verdict: str) -> None:
             pk.end = f"rejected by {rule.chain} #{rule.index}"
 
 
-def removal(family: str, table: str, chains: Sequence[str]) -> Iterator[list[dict[str, Any]]]:
+def removal(family: str, table: str, chains: Sequence[str]) -> Iterator[list[Command]]:
     """One transaction per chain: flush it and delete it."""
+    where = Where(family, table)
     for name in chains:
-        ref = {"family": family, "table": table, "name": name}
-        yield [{"flush": {"chain": dict(ref)}}, {"delete": {"chain": dict(ref)}}]
+        yield [FlushChain(where, name), DeleteChain(where, name)]
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

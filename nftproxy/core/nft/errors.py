@@ -35,6 +35,7 @@ index N failed"), so `command_index` is usually None
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -72,7 +73,7 @@ class NftRejected(NftError):
         self,
         kernel_message: str,
         command_index: int | None = None,
-        command: Mapping[str, Any] | None = None,
+        command: Any = None,
     ) -> None:
         self.kernel_message = kernel_message
         self.command_index = command_index
@@ -82,11 +83,18 @@ class NftRejected(NftError):
     def __str__(self) -> str:
         text = self.kernel_message
         if self.command_index is not None:
-            shown = "null" if self.command is None else command_text(self.command)
+            shown = _shown(self.command)
             if len(shown) > 300:
                 shown = shown[:297] + "..."
             text += f" [command {self.command_index}: {shown}]"
         return text
+
+
+def _shown(command: Any) -> str:
+    """A typed command as its JSON text; a raw JSON object (a list command) dumped."""
+    if command is None:
+        return "null"
+    return json.dumps(command) if isinstance(command, Mapping) else command_text(command)
 
 
 class NftNotFound(NftRejected):
@@ -111,7 +119,7 @@ _INDEX = re.compile(r"at index (\d+)")
 
 def rejection(
     kernel_message: str,
-    commands: Sequence[Mapping[str, Any]] = (),
+    commands: Sequence[Any] = (),
     *,
     first_index: int = 0,
 ) -> NftRejected:
@@ -129,7 +137,7 @@ def rejection(
         if 0 <= pos < first:
             cls, first = kind, pos
     index: int | None = None
-    command: Mapping[str, Any] | None = None
+    command: Any = None
     match = _INDEX.search(kernel_message)
     if match is not None:
         i = int(match.group(1)) - first_index

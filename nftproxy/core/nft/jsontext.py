@@ -1,38 +1,60 @@
-"""The JSON of set elements, and the JSON text of whole commands.
+"""A transaction in libnftables JSON: one of the two printers of commands.
 
-Layer: nft (pure). One job: say an element in libnftables JSON, as objects
-(`element_json`) or directly as text (`element_text`, the same bytes
-`json.dumps` makes of the objects), and make a transaction's text.
+Layer: nft (pure). One job: write typed commands (core/nft/commands.py) as
+libnftables JSON, as objects (`command_json`) or as the text sent
+(`transaction_text`). Total over the commands, declarations by typeof
+included; libnftables 1.0.6 reads no typeof in JSON, so this printer is
+chosen only on 1.1.x (kernel/libnftables.py), where nft's syntax cannot
+say the table's name.
 
-Why text: a full sync of 10,000 services x 10 endpoints sends ~180,000
-elements, and the sync is bound by the interpreter's one core; writing the
-text straight from the Element values costs that core much less than
-building their dicts and encoding them (bench/RESULTS.md, "What moved the
-numbers"). So an add-element command carries an `ElementList`:
-the Element values themselves, read as their JSON objects by whoever
-iterates them (the fake backend, tests, error messages), and turned straight
-into text by `command_text` when the command is sent.
+Elements are written straight to text from their values (`element_text`,
+the same bytes `json.dumps` makes of `element_json`): a full sync of
+10,000 services x 10 endpoints sends ~180,000 of them, and building their
+dicts costs the interpreter's one core much more (bench/RESULTS.md, "What
+moved the numbers").
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
-from typing import Any, overload
+from typing import Any
 
+from nftproxy.core.nft.commands import (
+    AddChain,
+    AddElements,
+    AddRule,
+    AddSet,
+    AddTable,
+    Command,
+    DeleteChain,
+    DeleteElements,
+    DeleteSet,
+    DeleteTable,
+    FlushChain,
+    FlushSet,
+    Where,
+)
+from nftproxy.core.nft.ops import typeof_key
 from nftproxy.core.rules import names
 from nftproxy.core.rules.expr import prefix
 from nftproxy.core.rules.fragment import Element, Json, Key, Target, Verdict
 
 __all__ = [
-    "ElementList",
+    "METAINFO",
+    "command_json",
     "command_text",
+    "document_text",
     "element_json",
     "element_text",
     "key_json",
     "transaction_text",
 ]
+
+METAINFO: Json = {"metainfo": {"json_schema_version": 1}}
+VERDICT: Json = {"accept": None}
+"""A verdict map's data by typeof: a verdict expression (nft's `: verdict`)."""
 
 _DUMPS = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 """Compact JSON, as libnftables reads it (no cycle check: commands are trees)."""
@@ -89,74 +111,81 @@ def element_text(e: Element, *, with_comment: bool) -> str:
     return "[" + text + "," + _value_text(e.value) + "]"
 
 
-class ElementList(Sequence[Any]):
-    """The `elem` of a command: `elements` as their JSON objects, made when
-    read; `text()` is the JSON text of the whole list, made without them."""
-
-    __slots__ = ("_elements", "_with_comment")
-
-    def __init__(self, elements: Iterable[Element], *, with_comment: bool) -> None:
-        self._elements = tuple(elements)
-        self._with_comment = with_comment
-
-    @property
-    def elements(self) -> tuple[Element, ...]:
-        return self._elements
-
-    @property
-    def with_comment(self) -> bool:
-        return self._with_comment
-
-    def __len__(self) -> int:
-        return len(self._elements)
-
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Any]: ...
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [self._json(e) for e in self._elements[index]]
-        return self._json(self._elements[index])
-
-    def __iter__(self) -> Iterator[Any]:
-        return map(self._json, self._elements)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, ElementList | list | tuple):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # a list's equality: unhashable
-
-    def __repr__(self) -> str:
-        return repr(list(self))
-
-    def _json(self, e: Element) -> Any:
-        return element_json(e, with_comment=self._with_comment)
-
-    def text(self) -> str:
-        comments = self._with_comment
-        texts = [element_text(e, with_comment=comments) for e in self._elements]
-        return "[" + ",".join(texts) + "]"
+def _set_fields(command: AddSet) -> dict[str, Any]:
+    decl = command.decl
+    fields: dict[str, Any] = {"type": {"typeof": typeof_key(decl.key)}}
+    if decl.map:
+        fields["map"] = {"typeof": typeof_key(decl.data) if decl.data else VERDICT}
+    if decl.flags:
+        fields["flags"] = list(decl.flags)
+    if decl.timeout is not None:
+        fields["timeout"] = decl.timeout
+    if decl.size is not None:
+        fields["size"] = decl.size
+    if decl.comment:
+        fields["comment"] = decl.comment
+    return fields
 
 
-def command_text(command: Mapping[str, Any]) -> str:
-    """The compact JSON text of one command (`{"add": {"element": ...}}`
-    and friends); an ElementList's text is written directly."""
-    if len(command) == 1:
-        ((verb, body),) = command.items()
-        spec = body.get("element") if isinstance(body, Mapping) and len(body) == 1 else None
-        elems = spec.get("elem") if isinstance(spec, Mapping) else None
-        if isinstance(spec, Mapping) and isinstance(elems, ElementList):
-            head = _DUMPS({k: v for k, v in spec.items() if k != "elem"})[:-1]
-            head += ',"elem":' if len(head) > 1 else '"elem":'
-            return "{" + _DUMPS(verb) + ':{"element":' + head + elems.text() + "}}}"
-    return _DUMPS(command)
+def _where(w: Where, **fields: Any) -> dict[str, Any]:
+    return {"family": w.family, "table": w.table, **fields}
 
 
-def transaction_text(commands: Sequence[Mapping[str, Any]], *, head: Json | None = None) -> str:
-    """`{"nftables": [head, *commands]}` as compact JSON text."""
-    parts = [] if head is None else [_DUMPS(head)]
-    parts += [command_text(c) for c in commands]
+def command_json(command: Command) -> Json:
+    """One command as a libnftables JSON object."""
+    match command:
+        case AddElements(where, name, elements):
+            elem = [element_json(e, with_comment=True) for e in elements]
+            return {"add": {"element": _where(where, name=name, elem=elem)}}
+        case DeleteElements(where, name, keys):
+            elem = [key_json(k) for k in keys]
+            return {"delete": {"element": _where(where, name=name, elem=elem)}}
+        case AddRule(where, chain, rule):
+            fields = _where(where, chain=chain, expr=list(rule.expr))
+            if rule.comment:
+                fields["comment"] = rule.comment
+            return {"add": {"rule": fields}}
+        case AddChain(where, name, hook):
+            fields = _where(where, name=name)
+            if hook is not None:
+                fields.update(type=hook.type, hook=hook.hook, prio=hook.prio, policy=hook.policy)
+            return {"add": {"chain": fields}}
+        case FlushChain(where, name):
+            return {"flush": {"chain": _where(where, name=name)}}
+        case DeleteChain(where, name):
+            return {"delete": {"chain": _where(where, name=name)}}
+        case AddSet(where, name):
+            return {"add": {command.kind: _where(where, name=name, **_set_fields(command))}}
+        case FlushSet(where, name, is_map):
+            return {"flush": {"map" if is_map else "set": _where(where, name=name)}}
+        case DeleteSet(where, name, is_map):
+            return {"delete": {"map" if is_map else "set": _where(where, name=name)}}
+        case AddTable(where, comment):
+            table: dict[str, Any] = {"family": where.family, "name": where.table}
+            if comment:
+                table["comment"] = comment
+            return {"add": {"table": table}}
+        case DeleteTable(where):
+            return {"delete": {"table": {"family": where.family, "name": where.table}}}
+    raise TypeError(f"not a command: {command!r}")
+
+
+def command_text(command: Command) -> str:
+    """The compact JSON text of one command; elements are written straight
+    from their values."""
+    if type(command) is AddElements:
+        head = _DUMPS(_where(command.where, name=command.name))[:-1]
+        elems = ",".join([element_text(e, with_comment=True) for e in command.elements])
+        return '{"add":{"element":' + head + ',"elem":[' + elems + "]}}}"
+    return _DUMPS(command_json(command))
+
+
+def transaction_text(commands: Sequence[Command]) -> str:
+    """`{"nftables": [metainfo, *commands]}` as compact JSON text."""
+    parts = [_DUMPS(METAINFO), *[command_text(c) for c in commands]]
     return '{"nftables":[' + ",".join(parts) + "]}"
+
+
+def document_text(objects: Sequence[Json]) -> str:
+    """`{"nftables": objects}`: libnftables JSON input other than commands (lists)."""
+    return _DUMPS({"nftables": list(objects)})

@@ -1,29 +1,23 @@
-"""A transaction in nft's own syntax, for the commands that have one here.
+"""A transaction in nft's own syntax: one of the two printers of commands.
 
-Layer: nft (pure). One job: write a transaction's commands (the JSON
-objects core/nft/ops.py builds) as the lines `nft -f` reads, or say that
-one of them has no text form here (`NoText`), so the JSON is sent instead.
+Layer: nft (pure). One job: write a transaction's typed commands
+(core/nft/commands.py) as the lines `nft -f` reads. Total: every command
+has its line, set and map declarations included (by typeof, the form
+both userspaces list cleanly; libnftables 1.0.6 can declare an integer key
+only so). Comments are sayable by construction (names.comment), and names
+are checked when a command is built; nft's syntax quotes no name, so a
+table name that is one of nft's keywords is found at start-up
+(kernel/libnftables.py) and the JSON printer is chosen instead.
 
-Why: libnftables parses and evaluates nft text in less time than the same
-commands in JSON, elements and rules alike, on both libnftables 1.0.6 and
-1.1.3 (bench/RESULTS.md, "What moved the numbers"), and the text is
-shorter to write. Both forms make the same kernel
-objects (tests/test_nfttext_kernel.py lists both back and compares them).
+Rule statements are core/rules/expr.py's libnftables JSON shapes; a shape
+this module cannot spell raises `NoText` (a programming error: every shape
+expr.py builds is spelled, tests/test_nfttext.py).
 
-What has a text form: tables; regular and base chains (add, flush,
-delete); rules made of the statements core/rules/expr.py spells; elements
-(add, delete); flushing and deleting sets and maps. Set and map
-declarations have none (their two dialects stay in ops.py's JSON and
-`declare_text`), nor has anything this module does not know: a shape it
-cannot spell raises `NoText` rather than guess. Strings it would have to
-quote (comments, interface names) must be printable and hold no double
-quote or backslash, which nft's text cannot escape. Names cannot be quoted
-at all (1.0.6 and 1.1.3 parse no quoted table, chain or set name), so a
-name that is one of nft's keywords (a table called `filter`) is refused by
-libnftables: kernel/libnftables.py then sends the JSON. An Element's key
-parts and DNAT target are written unchecked (they are the model's
-addresses, CIDRs, protocols and numbers, validated when a Service or
-EndpointSlice is read: the hot path).
+Why this printer is the default: libnftables parses and evaluates nft text
+in less time than the same commands in JSON, elements and rules alike, on
+both userspaces (bench/RESULTS.md, "What moved the numbers").
+Both printers make the same kernel objects (tests/test_nfttext_kernel.py
+lists both back and compares them).
 """
 
 from __future__ import annotations
@@ -32,16 +26,30 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from nftproxy.core.nft.jsontext import ElementList
+from nftproxy.core.nft.commands import (
+    AddChain,
+    AddElements,
+    AddRule,
+    AddSet,
+    AddTable,
+    Command,
+    DeleteChain,
+    DeleteElements,
+    DeleteSet,
+    DeleteTable,
+    FlushChain,
+    FlushSet,
+    Where,
+)
 from nftproxy.core.rules import names
 from nftproxy.core.rules.expr import prefix
-from nftproxy.core.rules.fragment import Element, Target, Verdict
+from nftproxy.core.rules.fragment import Element, Key, Target, Verdict
 
 __all__ = ["NoText", "command_text", "transaction_text"]
 
 
 class NoText(ValueError):
-    """A command this module cannot write in nft's syntax."""
+    """A rule statement this module cannot write in nft's syntax."""
 
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*\Z")
@@ -49,153 +57,98 @@ _SYMBOL = re.compile(r"[a-z][a-z0-9\-]*\Z")
 _ADDRESS = re.compile(r"[0-9A-Fa-f.:]+(/[0-9]+)?\Z")
 
 
-def transaction_text(commands: Sequence[Mapping[str, Any]]) -> str:
-    """The commands as nft text, one per line; NoText if one has none."""
+def transaction_text(commands: Sequence[Command]) -> str:
+    """The commands as nft text, one per line."""
     return "".join([command_text(c) + "\n" for c in commands])
 
 
-def command_text(command: Mapping[str, Any]) -> str:
-    if len(command) != 1:
-        raise NoText(f"not one verb: {sorted(command)}")
-    ((verb, body),) = command.items()
-    if not isinstance(body, Mapping) or len(body) != 1:
-        raise NoText(f"{verb}: not one object")
-    ((kind, spec),) = body.items()
-    writer = _COMMANDS.get((verb, kind))
-    if writer is None:
-        raise NoText(f"no text for {verb} {kind}")
-    try:
-        return writer(verb, kind, spec)
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        if isinstance(exc, NoText):
-            raise
-        raise NoText(f"{verb} {kind}: malformed ({exc!r})") from exc
+def _where(w: Where) -> str:
+    return f"{w.family} {w.table}"
 
 
-# --- objects ---------------------------------------------------------------------------
+def _comment(text: str | None) -> str:
+    return f' comment "{text}"' if text else ""
 
 
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise NoText(f"name {value!r}")
-    return value
+def command_text(command: Command) -> str:
+    """One command's line."""
+    match command:
+        case AddElements(where, name, elements):
+            items = ", ".join(_element_values(elements))
+            return f"add element {_where(where)} {name} {{ {items} }}"
+        case AddRule(where, chain, rule):
+            statements = " ".join([_statement(s) for s in rule.expr])
+            return f"add rule {_where(where)} {chain} {statements}{_comment(rule.comment)}"
+        case DeleteElements(where, name, keys):
+            items = ", ".join([_key(k) for k in keys])
+            return f"delete element {_where(where)} {name} {{ {items} }}"
+        case AddChain(where, name, hook):
+            text = f"add chain {_where(where)} {name}"
+            if hook is None:
+                return text
+            return (
+                f"{text} {{ type {_symbol(hook.type)} hook {_symbol(hook.hook)}"
+                f" priority {_int(hook.prio)}; policy {_symbol(hook.policy)}; }}"
+            )
+        case FlushChain(where, name):
+            return f"flush chain {_where(where)} {name}"
+        case DeleteChain(where, name):
+            return f"delete chain {_where(where)} {name}"
+        case AddSet():
+            return _declaration(command)
+        case FlushSet(where, name, is_map):
+            return f"flush {'map' if is_map else 'set'} {_where(where)} {name}"
+        case DeleteSet(where, name, is_map):
+            return f"delete {'map' if is_map else 'set'} {_where(where)} {name}"
+        case AddTable(where, comment):
+            body = f' {{ comment "{comment}"; }}' if comment else ""
+            return f"add table {_where(where)}{body}"
+        case DeleteTable(where):
+            return f"delete table {_where(where)}"
+    raise TypeError(f"not a command: {command!r}")
 
 
-def _where(spec: Mapping[str, Any]) -> str:
-    """`FAMILY TABLE`."""
-    family = spec.get("family")
-    if family not in ("ip", "ip6", "inet"):
-        raise NoText(f"family {family!r}")
-    return f"{family} {_name(spec['table'])}"
-
-
-def _quoted(text: Any) -> str:
-    if not isinstance(text, str) or '"' in text or "\\" in text or not text.isprintable():
-        raise NoText(f"string {text!r}")
-    return f'"{text}"'
-
-
-def _only(spec: Mapping[str, Any], *fields: str) -> None:
-    """A field this module would not write (a rule's position, a chain's
-    device ...) is one it cannot drop silently."""
-    extra = set(spec) - {"family", "table", "name", *fields}
-    if extra:
-        raise NoText(f"fields {sorted(extra)}")
-
-
-def _comment(spec: Mapping[str, Any]) -> str:
-    comment = spec.get("comment")
-    return f" comment {_quoted(comment)}" if comment else ""
-
-
-def _table(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
-    _only(spec, "comment")
-    text = f"{verb} table {_where({'family': spec.get('family'), 'table': spec['name']})}"
-    if not spec.get("comment"):
-        return text
-    if verb != "add":
-        raise NoText(f"{verb} of a table with a comment")
-    return f"{text} {{ comment {_quoted(spec['comment'])}; }}"
-
-
-def _chain(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
-    _only(spec, "type", "hook", "prio", "policy")
-    text = f"{verb} chain {_where(spec)} {_name(spec['name'])}"
-    if "hook" not in spec:
-        return text
-    if verb != "add":
-        raise NoText(f"{verb} of a base chain")
-    prio = spec["prio"]
-    if type(prio) is not int:
-        raise NoText(f"priority {prio!r}")
-    hook = f"type {_symbol(spec['type'])} hook {_symbol(spec['hook'])} priority {prio};"
-    # Only a policy the JSON names: the kernel refuses a policy where it ignores none.
-    policy = f" policy {_symbol(spec['policy'])};" if "policy" in spec else ""
-    return f"{text} {{ {hook}{policy} }}"
-
-
-def _set(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
-    _only(spec)
-    return f"{verb} {kind} {_where(spec)} {_name(spec['name'])}"
-
-
-def _rule(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
-    _only(spec, "chain", "expr", "comment")
-    statements = " ".join([_statement(s) for s in spec["expr"]])
-    return f"add rule {_where(spec)} {_name(spec['chain'])} {statements}{_comment(spec)}"
-
-
-def _element(verb: str, kind: str, spec: Mapping[str, Any]) -> str:
-    _only(spec, "elem")
-    elems = spec["elem"]
-    if isinstance(elems, ElementList):
-        items = _element_values(elems.elements, elems.with_comment)
-    else:
-        items = [_element_json(e) for e in elems]
-    if not items:
-        raise NoText("no elements")
-    return f"{verb} element {_where(spec)} {_name(spec['name'])} {{ {', '.join(items)} }}"
-
-
-_COMMANDS: Mapping[tuple[str, str], Callable[[str, str, Mapping[str, Any]], str]] = {
-    ("add", "table"): _table,
-    ("delete", "table"): _table,
-    ("add", "chain"): _chain,
-    ("flush", "chain"): _chain,
-    ("delete", "chain"): _chain,
-    ("flush", "set"): _set,
-    ("flush", "map"): _set,
-    ("delete", "set"): _set,
-    ("delete", "map"): _set,
-    ("add", "rule"): _rule,
-    ("add", "element"): _element,
-    ("delete", "element"): _element,
-}
+def _declaration(command: AddSet) -> str:
+    """`add set|map F T N { typeof KEY [: DATA]; flags ...; ... }`."""
+    decl = command.decl
+    typeof = " . ".join(decl.key)
+    if decl.map:
+        typeof += " : " + (" . ".join(decl.data) if decl.data else "verdict")
+    body = [f"typeof {typeof}"]
+    if decl.flags:
+        body.append("flags " + ", ".join(_symbol(f) for f in decl.flags))
+    if decl.timeout is not None:
+        body.append(f"timeout {_int(decl.timeout)}s")
+    if decl.size is not None:
+        body.append(f"size {_int(decl.size)}")
+    if decl.comment:
+        body.append(f'comment "{decl.comment}"')
+    where = _where(command.where)
+    return f"add {command.kind} {where} {command.name} {{ {'; '.join(body)}; }}"
 
 
 # --- elements --------------------------------------------------------------------------
 
 
-def _element_values(elements: Sequence[Element], with_comment: bool) -> list[str]:
+def _key(key: Key) -> str:
+    """A key's parts (fragment.check_key: addresses, CIDRs, protocols, numbers)."""
+    return " . ".join([
+        str(part) if isinstance(part, int) else part if "/" not in part
+        else _value(prefix(part))
+        for part in key
+    ])  # fmt: skip
+
+
+def _element_values(elements: Sequence[Element]) -> list[str]:
     """Elements as text, written from their values (the hot path of a full
-    sync: ~180,000 of them at 10,000 x 10). Key parts are the model's
-    addresses, CIDRs, protocols and numbers, written unchecked; the
-    comments are checked once, all together."""
+    sync: ~180,000 of them at 10,000 x 10)."""
     items: list[str] = []
-    comments: list[str] = []
     verdicts: dict[Verdict, str] = {}
+    comment_of = names.comment
     for e in elements:
-        key = e.key
-        text = " . ".join([
-            str(part) if isinstance(part, int) else part if "/" not in part
-            else _value(prefix(part))
-            for part in key
-        ])  # fmt: skip
-        comment = e.comment
-        if with_comment and comment:
-            comment = names.comment(comment)
-            comments.append(comment)
-            text = f'{text} comment "{comment}"'
+        text = _key(e.key)
+        if e.comment:
+            text = f'{text} comment "{comment_of(e.comment)}"'
         value = e.value
         if value is None:
             items.append(text)
@@ -206,44 +159,27 @@ def _element_values(elements: Sequence[Element], with_comment: bool) -> list[str
             if verdict is None:
                 verdict = verdicts[value] = _verdict(value.to_json())
             items.append(f"{text} : {verdict}")
-    _quotable(comments)
     return items
 
 
-def _quotable(texts: list[str]) -> None:
-    """NoText unless every one of `texts` can be written between quotes."""
-    joined = "".join(texts)
-    if '"' in joined or "\\" in joined or not joined.isprintable():
-        for text in texts:
-            _quoted(text)
-
-
-def _element_json(elem: Any) -> str:
-    """A JSON element: KEY, {"elem": {"val": KEY, ...}} or [KEY, DATA]."""
-    if isinstance(elem, list):
-        if len(elem) != 2:
-            raise NoText(f"element {elem!r}")
-        return f"{_element_json(elem[0])} : {_data(elem[1])}"
-    if isinstance(elem, Mapping) and set(elem) == {"elem"}:
-        return _elem(elem["elem"])
-    return _value(elem)
+def _quoted(text: Any) -> str:
+    if not isinstance(text, str) or '"' in text or "\\" in text or not text.isprintable():
+        raise NoText(f"string {text!r}")
+    return f'"{text}"'
 
 
 def _elem(body: Mapping[str, Any]) -> str:
-    """`VAL [timeout Ns] [comment "C"]`."""
-    if not set(body) <= {"val", "timeout", "comment"}:
+    """`VAL [timeout Ns]` (a set statement's element)."""
+    if not set(body) <= {"val", "timeout"}:
         raise NoText(f"element options {sorted(body)}")
     text = _value(body["val"])
-    if "timeout" in body:
-        text += f" timeout {_int(body['timeout'])}s"
-    return text + _comment(body)
+    return text + (f" timeout {_int(body['timeout'])}s" if "timeout" in body else "")
 
 
-def _data(data: Any) -> str:
-    """A map element's data: a verdict or a value."""
-    if isinstance(data, Mapping) and len(data) == 1 and next(iter(data)) in _VERDICTS:
-        return _verdict(data)
-    return _value(data)
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise NoText(f"name {value!r}")
+    return value
 
 
 # --- expressions -----------------------------------------------------------------------
@@ -367,8 +303,9 @@ def _match(body: Mapping[str, Any]) -> str:
     op, left, right = body["op"], _value(body["left"]), body["right"]
     if body["left"] == {"meta": {"key": "iifname"}} and op in ("==", "!="):
         return f"{left} {op} {_quoted(right)}"  # a name, with nft's * wildcard
-    if op == "in":
-        return f"{left} {_value(right)}"
+    if op == "in":  # flags: `ct state established,related` (a list in braces would be a set)
+        flags = right if isinstance(right, list) else [right]
+        return f"{left} {','.join(_symbol(f) for f in flags)}"
     if op not in ("==", "!="):
         raise NoText(f"operator {op!r}")
     if isinstance(right, str) and right.startswith("@"):

@@ -1,34 +1,37 @@
-"""libnftables JSON commands, built and checked in one place.
+"""The commands of one table, built from fragment values.
 
-Layer: nft (pure). One job: turn fragment values into the JSON command
-objects of one transaction (`{"add": {"chain": {...}}}` and friends), and
-enforce the kernel's limits while doing so (names < 256 bytes, comments
-<= 128 bytes: an over-long comment would make the kernel reject the whole
-atomic transaction, kubernetes#139515), so no bad object reaches the kernel.
-A set element's JSON (and its comment's budget) is core/nft/jsontext.py's:
-an add-element command carries the Element values in an `ElementList`.
+Layer: nft (pure). One job: turn fragment values into the typed commands of
+one transaction (core/nft/commands.py), in the table each object lives in
+(the main table, or its affinity table: fragment.AFFINITY_TABLE), with
+comments as both printers can say them and within the kernel's budget (an
+over-long comment would make the kernel reject the whole atomic
+transaction, kubernetes#139515).
 
-Set and map declarations come in two dialects (`Table.typeof`), because the
-two userspaces nftproxy runs with cannot share one (docs/userspaces.md):
-- libnftables 1.1.x (typeof=True): `"type": {"typeof": <key expression>}`,
-  and `"map": {"typeof": {"accept": null}}` for verdict maps -- the JSON of
-  nft's `typeof ... : verdict`. Declared by `type` instead, 1.1.x records
-  each single-datatype key or data part (`verdict` included) in the set's
-  userdata as a typeof expression of kind "value", on which nft 1.0.6's
-  listing calls a NULL parser: `nft list ruleset`, `nftproxy dump` and the
-  agent itself segfault on 1.0.6 (kubernetes#136786).
-- libnftables 1.0.6 (typeof=False): `"type": "ipv4_addr"` or a list for a
-  concatenation; its JSON input rejects typeof ("Invalid set datatype"),
-  and what it writes lists cleanly with 1.1.x.
+Sets and maps are declared by typeof, in both printers: the form both
+userspaces list cleanly (a set 1.1.x declares by datatype crashes nft
+1.0.6's listing, kubernetes#136786).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
-from nftproxy.core.nft.jsontext import ElementList, key_json
+from nftproxy.core.nft.commands import (
+    AddChain,
+    AddElements,
+    AddRule,
+    AddSet,
+    AddTable,
+    Command,
+    DeleteChain,
+    DeleteElements,
+    DeleteSet,
+    DeleteTable,
+    FlushChain,
+    FlushSet,
+    Where,
+)
 from nftproxy.core.nft.listing import expr_text
 from nftproxy.core.nft.ownership import TABLE_MARK
 from nftproxy.core.rules import names
@@ -43,27 +46,7 @@ from nftproxy.core.rules.fragment import (
     kernel_name,
 )
 
-__all__ = ["VERDICT_TYPEOF", "OpError", "Table", "typeof_key"]
-
-VERDICT_TYPEOF: Json = {"typeof": {"accept": None}}
-"""The data of a verdict map declared by typeof (a verdict expression): the
-same kernel object and userdata as nft's text `typeof ... : verdict`."""
-
-
-class OpError(ValueError):
-    """An object that cannot be expressed within the kernel's limits."""
-
-
-def _check_name(name: str) -> str:
-    if not name or len(name.encode()) >= names.NAME_MAX:
-        raise OpError(f"invalid nftables object name {name!r}")
-    return name
-
-
-def _comment(fields: dict[str, Any], comment: str | None) -> dict[str, Any]:
-    if comment:
-        fields["comment"] = names.comment(comment)
-    return fields
+__all__ = ["Table", "typeof_key"]
 
 
 def typeof_key(key: tuple[str, ...]) -> Json:
@@ -72,31 +55,21 @@ def typeof_key(key: tuple[str, ...]) -> Json:
     return exprs[0] if len(exprs) == 1 else {"concat": exprs}
 
 
+def _comment(text: str | None) -> str | None:
+    return names.comment(text) if text else None
+
+
 @dataclass(frozen=True, slots=True)
 class Table:
-    """Command builder for one table (`family` "ip"/"ip6", `name`);
-    `typeof`: declare sets and maps by typeof (libnftables 1.1.x)."""
+    """Command builder for one family's tables (`family` "ip"/"ip6", `name`)."""
 
     family: str
     name: str
-    typeof: bool = False
 
-    def declares_typeof(self, decl: SetDecl) -> bool:
-        """Whether `add_set(decl)` declares by typeof (else by datatype, or
-        in text: `declares_in_text`)."""
-        return self.typeof and bool(decl.key) and (decl.map in (None, "verdict") or bool(decl.data))
-
-    def declares_in_text(self, decl: SetDecl) -> bool:
-        """Whether `decl` must be declared by `declare_text` before the JSON
-        transaction that uses it: libnftables 1.0.6's JSON cannot say an
-        integer key (measured: "unqualified type integer", "variable sized
-        data types"; only nft text's typeof can)."""
-        return not self.typeof and decl.text_only
-
-    def declared_typeof(self, decl: SetDecl) -> str | None:
-        """The key expression `add_set(decl)` declares, as a listing shows
-        it (listing.expr_text), or None when it declares by datatype."""
-        return expr_text(typeof_key(decl.key)) if self.declares_typeof(decl) else None
+    @staticmethod
+    def declared_typeof(decl: SetDecl) -> str:
+        """The key expression `add_set(decl)` declares, as a listing shows it."""
+        return expr_text(typeof_key(decl.key))
 
     @property
     def affinity_table(self) -> str:
@@ -108,119 +81,71 @@ class Table:
         """The table of the object the planner calls `name`."""
         return self.affinity_table if in_affinity_table(name) else self.name
 
-    def _obj(self, of: str, /, **fields: Any) -> dict[str, Any]:
-        """`fields` in the table of the object the planner calls `of` (a
-        chain or a set; a rule: its chain's)."""
-        return {"family": self.family, "table": self.table_of(of), **fields}
+    def _where(self, of: str) -> Where:
+        """The table of the object the planner calls `of` (a chain or a
+        set; a rule: its chain's)."""
+        return Where(self.family, self.table_of(of))
 
-    def _named(self, name: str, /, **fields: Any) -> dict[str, Any]:
-        return self._obj(name, name=kernel_name(name), **fields)
-
-    def add_tables(self) -> list[Json]:
+    def add_tables(self) -> list[Command]:
         """Both tables of the family (`add` is idempotent), each marked as
         nftproxy's by its comment (core/nft/ownership.py)."""
         return [
-            {"add": {"table": {"family": self.family, "name": name, "comment": TABLE_MARK}}}
+            AddTable(Where(self.family, name), TABLE_MARK)
             for name in (self.name, self.affinity_table)
         ]
 
-    def marked_tables_text(self) -> str:
-        """Both tables of the family in nft text, marked: what a batch of
-        `declare_text` declarations starts with (plan.py `_add_set`)."""
-        return "\n".join(
-            f'add table {self.family} {name} {{ comment "{TABLE_MARK}"; }}'
-            for name in (self.name, self.affinity_table)
-        )
-
-    def delete_tables(self) -> list[Json]:
+    def delete_tables(self) -> list[Command]:
         """Delete both tables of the family, whether they exist or not (an
         `add` before each `delete`: 1.0.6 has no `destroy`)."""
-        out: list[Json] = []
+        out: list[Command] = []
         for add in self.add_tables():
-            spec = add["add"]["table"]
-            out += [add, {"delete": {"table": {"family": spec["family"], "name": spec["name"]}}}]
+            assert isinstance(add, AddTable)
+            out += [add, DeleteTable(add.where)]
         return out
 
-    def add_chain(self, chain: Chain) -> Json:
-        fields = self._named(_check_name(chain.name))
-        if chain.hook is not None:
-            h = chain.hook
-            fields.update(type=h.type, hook=h.hook, prio=h.prio, policy=h.policy)
-        return {"add": {"chain": fields}}
+    def add_chain(self, chain: Chain) -> Command:
+        return AddChain(self._where(chain.name), kernel_name(chain.name), chain.hook)
 
-    def flush_chain(self, name: str) -> Json:
-        return {"flush": {"chain": self._named(name)}}
+    def flush_chain(self, name: str) -> Command:
+        return FlushChain(self._where(name), kernel_name(name))
 
-    def delete_chain(self, name: str) -> Json:
-        return {"delete": {"chain": self._named(name)}}
+    def delete_chain(self, name: str) -> Command:
+        return DeleteChain(self._where(name), kernel_name(name))
 
-    def add_rule(self, chain: str, rule: Rule) -> Json:
-        fields = self._obj(chain, chain=kernel_name(chain), expr=list(rule.expr))
-        return {"add": {"rule": _comment(fields, rule.comment)}}
+    def add_rule(self, chain: str, rule: Rule) -> Command:
+        if rule.comment:
+            rule = replace(rule, comment=names.comment(rule.comment))
+        return AddRule(self._where(chain), kernel_name(chain), rule)
 
-    def add_rules(self, chain: Chain) -> list[Json]:
+    def add_rules(self, chain: Chain) -> list[Command]:
         return [self.add_rule(chain.name, r) for r in chain.rules]
 
-    def add_set(self, decl: SetDecl) -> Json:
-        kind = "map" if decl.map else "set"
-        type_: Any = decl.type[0] if len(decl.type) == 1 else list(decl.type)
-        data: Any = decl.map
-        if self.declares_in_text(decl):
-            raise OpError(f"{decl.name}: libnftables 1.0.6 declares it in text only")
-        if self.declares_typeof(decl):
-            type_ = {"typeof": typeof_key(decl.key)}
-            data = {"typeof": typeof_key(decl.data)} if decl.data else decl.map and VERDICT_TYPEOF
-        fields = self._named(_check_name(decl.name), type=type_)
-        if data:
-            fields["map"] = data
-        if decl.flags:
-            fields["flags"] = list(decl.flags)
-        if decl.timeout is not None:
-            fields["timeout"] = decl.timeout
-        if decl.size is not None:
-            fields["size"] = decl.size
-        return {"add": {kind: _comment(fields, decl.comment)}}
-
-    def declare_text(self, decl: SetDecl) -> str:
-        """`decl` as nft text (`add table ...`, then `add map ... { typeof
-        ...; }`), for `declares_in_text` declarations; idempotent like any `add`."""
-        kind = "map" if decl.map else "set"
-        typeof = " . ".join(decl.key)
-        if decl.data:
-            typeof += " : " + " . ".join(decl.data)
-        body = [f"typeof {typeof}"]
-        if decl.flags:
-            body.append("flags " + ", ".join(decl.flags))
-        if decl.timeout is not None:
-            body.append(f"timeout {decl.timeout}s")
-        if decl.size is not None:
-            body.append(f"size {decl.size}")
+    def add_set(self, decl: SetDecl) -> Command:
         if decl.comment:
-            body.append(f'comment "{names.comment(decl.comment)}"')
-        name, table = kernel_name(_check_name(decl.name)), self.table_of(decl.name)
-        head = f"add table {self.family} {table}"
-        return f"{head}\nadd {kind} {self.family} {table} {name} {{ {'; '.join(body)}; }}"
+            decl = replace(decl, comment=_comment(decl.comment))
+        return AddSet(self._where(decl.name), kernel_name(decl.name), decl)
 
-    def flush_set(self, name: str, *, is_map: bool = False) -> Json:
-        return {"flush": {"map" if is_map else "set": self._named(name)}}
+    def flush_set(self, name: str, *, is_map: bool = False) -> Command:
+        return FlushSet(self._where(name), kernel_name(name), is_map)
 
-    def delete_set(self, name: str, *, is_map: bool = False) -> Json:
-        return {"delete": {"map" if is_map else "set": self._named(name)}}
+    def delete_set(self, name: str, *, is_map: bool = False) -> Command:
+        return DeleteSet(self._where(name), kernel_name(name), is_map)
 
-    def add_set_elements(self, set_name: str, elems: Sequence[Any]) -> list[Json]:
-        """Static elements (already JSON) of a set, as one command."""
+    def add_set_elements(self, decl: SetDecl) -> list[Command]:
+        """A declaration's static elements, as one command."""
+        if not decl.elements:
+            return []
+        elements = tuple(Element(decl.name, (e,)) for e in decl.elements)
+        return [AddElements(self._where(decl.name), kernel_name(decl.name), elements)]
+
+    def add_elements(self, set_name: str, elements: Iterable[Element]) -> list[Command]:
+        elems = tuple(elements)
         if not elems:
             return []
-        return [{"add": {"element": self._named(set_name, elem=list(elems))}}]
+        return [AddElements(self._where(set_name), kernel_name(set_name), elems)]
 
-    def add_elements(self, set_name: str, elements: Iterable[Element]) -> list[Json]:
-        elem = ElementList(elements, with_comment=True)
-        if not elem:
+    def delete_elements(self, set_name: str, elements: Iterable[Element]) -> list[Command]:
+        keys = tuple(e.key for e in elements)
+        if not keys:
             return []
-        return [{"add": {"element": self._named(set_name, elem=elem)}}]
-
-    def delete_elements(self, set_name: str, elements: Iterable[Element]) -> list[Json]:
-        elem = [key_json(e.key) for e in elements]
-        if not elem:
-            return []
-        return [{"delete": {"element": self._named(set_name, elem=elem)}}]
+        return [DeleteElements(self._where(set_name), kernel_name(set_name), keys)]

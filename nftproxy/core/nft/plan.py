@@ -37,11 +37,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
 from nftproxy.core.model import IPFamily
 from nftproxy.core.nft.claims import ElementIndex, ElemId, Owner, Resolver, winner_of
+from nftproxy.core.nft.commands import Command
 from nftproxy.core.nft.listing import ListedSet, TableListing
 from nftproxy.core.nft.ops import Table
 from nftproxy.core.rules.fragment import (
@@ -50,7 +51,6 @@ from nftproxy.core.rules.fragment import (
     CompactFragment,
     Element,
     Fragment,
-    Json,
     SetDecl,
     Shared,
     compact,
@@ -72,12 +72,10 @@ SKELETON = "skeleton"
 
 def _same_key(t: Table, decl: SetDecl, ks: ListedSet) -> bool:
     """A key listed by typeof (1.1.x) must be the one `t` declares; one
-    listed by datatypes must have decl's datatypes and, where `t` declares
-    by typeof, is re-declared: 1.0.6 lists every set so, but 1.1.x only a
-    set declared by datatype, whose userdata crash 1.0.6 (ops.py)."""
+    listed by datatypes (1.0.6 lists every set so) must have decl's."""
     if ks.typeof is not None:
         return ks.typeof == t.declared_typeof(decl)
-    return ks.type == decl.type and not t.declares_typeof(decl)
+    return ks.type == decl.type
 
 
 def _same_declaration(t: Table, decl: SetDecl, ks: ListedSet) -> bool:
@@ -187,13 +185,6 @@ class TableState:
                 else:
                     self._drop_chain(obj.name)
 
-    def use_typeof(self, typeof: bool) -> None:
-        """Declare sets and maps by typeof from now on, or by datatype: as
-        the backend's libnftables requires (seam.Backend.accepts_typeof)."""
-        if self.table.typeof != typeof:
-            self.table = replace(self.table, typeof=typeof)
-
-
 _C = TypeVar("_C", Chain, CompactChain)
 
 
@@ -220,22 +211,19 @@ def _rendered(shared: Shared) -> Sequence[Chain]:
 class _Batch:
     """Commands collected per phase, concatenated in phase order."""
 
-    declare: list[str] = field(default_factory=list)
-    """nft text declarations, sent as a transaction of their own before the
-    commands (what libnftables 1.0.6's JSON cannot declare: ops.py)."""
-    head: list[Json] = field(default_factory=list)
-    flush: list[Json] = field(default_factory=list)
+    head: list[Command] = field(default_factory=list)
+    flush: list[Command] = field(default_factory=list)
     del_elems: dict[str, list[Element]] = field(default_factory=dict)
-    del_sets: list[Json] = field(default_factory=list)
-    add_sets: list[Json] = field(default_factory=list)
-    add_chains: list[Json] = field(default_factory=list)
-    add_rules: list[Json] = field(default_factory=list)
-    static_elems: list[Json] = field(default_factory=list)
+    del_sets: list[Command] = field(default_factory=list)
+    add_sets: list[Command] = field(default_factory=list)
+    add_chains: list[Command] = field(default_factory=list)
+    add_rules: list[Command] = field(default_factory=list)
+    static_elems: list[Command] = field(default_factory=list)
     """The skeleton's own elements, after the chains (a root map's goto)."""
     add_elems: dict[str, list[Element]] = field(default_factory=dict)
-    del_chains: list[Json] = field(default_factory=list)
+    del_chains: list[Command] = field(default_factory=list)
 
-    def commands(self, table: Table) -> list[Json]:
+    def commands(self, table: Table) -> list[Command]:
         out = [*self.head, *self.flush]
         for name, elems in self.del_elems.items():
             out += table.delete_elements(name, elems)
@@ -248,13 +236,11 @@ class _Batch:
 
 @dataclass
 class Staged:
-    """A planned transaction for one table and how to record it once
-    committed; `declarations` (nft text) go in a transaction just before it."""
+    """A planned transaction for one table and how to record it once committed."""
 
-    commands: list[Json]
+    commands: list[Command]
     record: Callable[[], None]
     counts: dict[str, int] = field(default_factory=dict)
-    declarations: list[str] = field(default_factory=list)
 
     def commit(self) -> None:
         self.record()
@@ -298,14 +284,8 @@ def _remove_set(
 
 
 def _add_set(b: _Batch, t: Table, decl: SetDecl) -> None:
-    if t.declares_in_text(decl):
-        # The mark once a batch: 1.0.6 holds far more memory when every declaration carries it.
-        if not b.declare:
-            b.declare.append(t.marked_tables_text())
-        b.declare.append(t.declare_text(decl))
-    else:
-        b.add_sets.append(t.add_set(decl))
-    b.static_elems += t.add_set_elements(decl.name, decl.elements)
+    b.add_sets.append(t.add_set(decl))
+    b.static_elems += t.add_set_elements(decl)
 
 
 def _diff_sets(
@@ -331,7 +311,7 @@ def _diff_sets(
             _add_set(b, t, decl)
         elif prev.elements != decl.elements and not decl.dynamic:
             b.add_sets.append(t.flush_set(name, is_map=decl.map is not None))
-            b.static_elems += t.add_set_elements(name, decl.elements)
+            b.static_elems += t.add_set_elements(decl)
     for name, prev in old.items():
         if name not in new:
             _remove_set(b, t, name, prev.map, defer=defer, stale=stale_sets)
@@ -545,7 +525,7 @@ def stage_partial(
         state.stale_chains, state.stale_sets = stale, stale_sets
 
     counts = {"owners": len(changes), "elements": n_elems}
-    return Staged(commands, record, counts, b.declare)
+    return Staged(commands, record, counts)
 
 
 def _full_sets(
@@ -631,7 +611,7 @@ def stage_full(
     commands = b.commands(t)
 
     counts = {"owners": len(desired), "elements": len(fresh.index)}
-    return Staged(commands, lambda: state.take(fresh), counts, b.declare)
+    return Staged(commands, lambda: state.take(fresh), counts)
 
 
 def _all_chains(fragment: Fragment) -> Iterable[Chain]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from nftproxy.core.nft.commands import Command
 from nftproxy.core.nft.listing import TableListing
 
 __all__ = ["Backend"]
@@ -29,30 +30,21 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release everything; idempotent and final."""
 
-    def accepts_typeof(self) -> bool:
-        """Whether set and map declarations must be spelled with typeof: true
-        where libnftables' JSON input accepts it (1.1.x), whose `type`
-        declarations crash nft 1.0.6 (core/nft/ops.py). Needs start()."""
-
     def generation(self) -> int:
         """The ruleset generation of the namespace: one more for every
         committed transaction of any process (OSError if it cannot be read;
         agent/drift.py)."""
 
-    def commit(self, commands: Sequence[Mapping[str, Any]], *, fresh: bool = False) -> None:
-        """Apply `commands` (libnftables JSON) as one atomic transaction;
+    def commit(self, commands: Sequence[Command], *, fresh: bool = False) -> None:
+        """Apply `commands` (core/nft/commands.py) as one atomic transaction;
         nothing for an empty list. `fresh` asks for a throwaway context (a
         hint for large full syncs)."""
 
-    def encoded(self, commands: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+    def encoded(self, commands: Sequence[Command]) -> Sequence[Command]:
         """`commands` as `commit` takes them, with what it would first make
-        of them (libnftables: the JSON text) made now, in the calling thread:
+        of them (their printed text) made now, in the calling thread:
         a full sync in steps encodes one step while the previous one commits
         (agent/chunked.py)."""
-
-    def declare(self, texts: Sequence[str]) -> None:
-        """Apply nft text commands (core/nft/ops.py `declare_text`: what
-        libnftables 1.0.6's JSON cannot declare) as one atomic transaction."""
 
     def run_json(self, command: Mapping[str, Any]) -> dict[str, Any]:
         """Run one JSON command (typically a list) and return the output

@@ -116,7 +116,8 @@ def fib_local(field: str) -> Json:
 
 
 def ct_state(*states: str) -> Json:
-    return _match({"ct": {"key": "state"}}, list(states), "in")
+    """`ct state new` or `ct state established,related` (a flag match, not a set lookup)."""
+    return _match({"ct": {"key": "state"}}, list(states) if len(states) > 1 else states[0], "in")
 
 
 def mark_set(bit: int) -> Json:

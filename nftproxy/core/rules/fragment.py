@@ -32,6 +32,7 @@ __all__ = [
     "COMPRESS_FROM",
     "NUMGEN_KEY",
     "SELECTORS",
+    "BadValue",
     "BaseHook",
     "Chain",
     "CompactChain",
@@ -46,6 +47,7 @@ __all__ = [
     "Target",
     "Verdict",
     "affinity_table_name",
+    "check_key",
     "compact",
     "compact_chain",
     "datatypes",
@@ -83,12 +85,41 @@ def kernel_name(name: str) -> str:
     return name.removeprefix(AFFINITY_TABLE)
 
 
+_KEY_TEXT = re.compile(r"(?:[0-9A-Fa-f.:]+(?:/[0-9]{1,3})?|tcp|udp|sctp)\Z")
+"""A key part's text: an address, a CIDR or a protocol (nothing a printer quotes)."""
+_CHAIN = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*\Z")
+_JUMPS = ("goto", "jump")
+_VERDICTS = ("accept", "drop", "return")
+
+
+class BadValue(ValueError):
+    """A key, verdict or target no printer may write."""
+
+
+def check_key(key: Key) -> Key:
+    """`key` if every part is an address, CIDR, protocol or 32-bit number."""
+    for part in key:
+        if type(part) is int:
+            if not 0 <= part <= 0xFFFFFFFF:
+                raise BadValue(f"key part {part!r} of {key!r}")
+        elif type(part) is not str or not _KEY_TEXT.match(part):
+            raise BadValue(f"key part {part!r} of {key!r}")
+    return key
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """A map element's value: ("goto", chain) or ("drop", "")."""
 
     kind: str
     target: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind in _JUMPS:
+            if not _CHAIN.match(self.target):
+                raise BadValue(f"verdict {self.kind} {self.target!r}")
+        elif self.kind not in _VERDICTS or self.target:
+            raise BadValue(f"verdict {self.kind!r} {self.target!r}")
 
     def to_json(self) -> Json:
         if self.target:
@@ -105,6 +136,13 @@ class Target:
 
     ip: str
     port: int
+
+    def __post_init__(self) -> None:
+        if type(self.port) is not int or not 0 < self.port <= 0xFFFF:
+            raise BadValue(f"target port {self.port!r}")
+        check_key((self.ip,))
+        if "/" in self.ip:
+            raise BadValue(f"target address {self.ip!r}")
 
     def to_json(self) -> Json:
         return {"concat": [self.ip, self.port]}
@@ -169,8 +207,8 @@ class SetDecl:
     `type` is the key type (a tuple for concatenations); `key` the same key
     as the selectors it is matched by (`SELECTORS`; `SetDecl.keyed` fills
     both), which declarations use where libnftables can say `typeof`; `map`
-    the value type for maps ("verdict"); `elements` the static content as
-    JSON element expressions (interval sets). `dynamic` sets (affinity) are
+    the value type for maps ("verdict"); `elements` the static content:
+    addresses, or CIDRs in interval sets. `dynamic` sets (affinity) are
     filled by the datapath: the planner adds them idempotently and never
     flushes them. Elements of the shared dispatch maps are not here: they
     are `Element`s owned by fragments.
@@ -181,7 +219,7 @@ class SetDecl:
     map: str | None = None
     flags: tuple[str, ...] = ()
     timeout: int | None = None
-    elements: tuple[Any, ...] = ()
+    elements: tuple[str, ...] = ()
     dynamic: bool = False
     size: int | None = None
     """The most elements it holds (None: nft's default)."""
@@ -227,6 +265,9 @@ class Element:
     key: Key
     value: Verdict | Target | None = None
     comment: str | None = None
+
+    def __post_init__(self) -> None:
+        check_key(self.key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ __all__ = [
     "NAME_MAX",
     "affinity_key",
     "affinity_table",
+    "check_comment",
     "comment",
     "endpoint_chain",
     "external_chain",
@@ -129,12 +130,20 @@ def table_pair(table: str) -> tuple[str, str]:
     return table, table + "-b"
 
 
+def _sayable(text: str) -> bool:
+    return text.isprintable() and '"' not in text and "\\" not in text
+
+
 def comment(text: str) -> str:
-    """`text` if it fits the kernel's comment budget, else a deterministic
-    truncation that ends in a short hash of the whole text (so two long
-    comments stay distinguishable). UTF-8 aware: never splits a character."""
-    if text.isascii() and len(text) <= COMMENT_MAX_BYTES:  # a byte a character
-        return text
+    """`text` as a comment both printers can write: a character nft's syntax
+    cannot quote (a double quote, a backslash, an unprintable one) becomes
+    "?", and a text over the kernel's budget is cut to end in a short hash
+    of the whole text (so two long comments stay distinguishable). UTF-8
+    aware: never splits a character."""
+    if text.isascii() and len(text) <= COMMENT_MAX_BYTES and _sayable(text):
+        return text  # a byte a character
+    if not _sayable(text):
+        text = "".join(c if _sayable(c) else "?" for c in text)
     raw = text.encode()
     if len(raw) <= COMMENT_MAX_BYTES:
         return text
@@ -142,6 +151,13 @@ def comment(text: str) -> str:
     budget = COMMENT_MAX_BYTES - len(tail)
     head = raw[:budget].decode(errors="ignore")
     return head + tail
+
+
+def check_comment(text: str) -> str:
+    """`text` if it is a comment as `comment` makes them, else ValueError."""
+    if len(text.encode()) > COMMENT_MAX_BYTES or not _sayable(text):
+        raise ValueError(f"comment {text!r}: not as names.comment makes it")
+    return text
 
 
 def tagged(text: str, tag: str) -> str:

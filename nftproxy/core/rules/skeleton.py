@@ -336,6 +336,12 @@ def nodeport_ips(family: IPFamily, config: ProxyConfig, node: NodeInfo) -> tuple
     return tuple(str(a) for a in chosen if not a.is_loopback and any(a in n for n in nets))
 
 
+def _network(cidr: str) -> str:
+    """A CIDR in canonical form, a host prefix as its address (an interval key part)."""
+    net = ipaddress.ip_network(cidr, strict=False)
+    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+
+
 def _maps_and_sets(
     family: IPFamily, config: ProxyConfig, node: NodeInfo, service_cidrs: tuple[str, ...]
 ) -> tuple[SetDecl, ...]:
@@ -399,7 +405,7 @@ def _maps_and_sets(
             SERVICE_CIDRS,
             addr,
             flags=("interval",),
-            elements=tuple(expr.prefix(c) for c in service_cidrs),
+            elements=tuple(_network(c) for c in service_cidrs),
             comment="service CIDRs (ServiceCIDR objects)",
         ),
     )
