@@ -112,8 +112,10 @@ elif [ "$dry_run" = 1 ]; then
 fi
 
 # kube-proxy's iptables mode (localhostNodePorts) sets route_localnet=1; nftproxy
-# does not need it. Left as is: something else on the node may rely on it.
+# needs it only with localhost node ports on, and then sets it itself. Left as
+# is: something else on the node may rely on it.
 if [ "$(cat /proc/sys/net/ipv4/conf/all/route_localnet 2>/dev/null || echo 0)" = 1 ]; then
   echo "note: net.ipv4.conf.all.route_localnet is 1 (kube-proxy sets it for localhost" \
-    "node ports, which nftproxy does not serve); see deploy/README.md"
+    "node ports, which nftproxy serves only with KubeProxyNFTablesLocalhostNodePorts);" \
+    "see deploy/README.md"
 fi

@@ -163,7 +163,8 @@ def test_a_config_file_error_exits_2_naming_the_field(
         # the agent's flags are not `sync` flags; the error comes before the root check
         (["demo", "--once", "--sync-period", "30"], "--sync-period: invalid duration '30'"),
         (dry_run("--cluster-cidr", "10.0.0.0/8,x"), "--cluster-cidr: 'x' is not a CIDR"),
-        (dry_run("--nodeport-addresses", "primary,10.0.0.0/8"), "--nodeport-addresses: 'primary'"),
+        (dry_run("--nodeport-addresses", "primary,lo"), "--nodeport-addresses: 'lo' is not a CIDR"),
+        (dry_run("--feature-gates", "KubeProxyNFTablesLocalhostNodePorts"), "--feature-gates: "),
         (dry_run("--detect-local-mode", "BridgeInterface"), "--detect-local-mode: detectLocalMode"),
     ],
 )
@@ -214,7 +215,7 @@ RULESET = {
     "--config", "--config-hard-fail", "--node-name", "--node-ip", "--cluster-cidr",
     "--detect-local-mode", "--pod-bridge-interface", "--pod-interface-name-prefix",
     "--nodeport-addresses", "--masquerade-all", "--masquerade-bit",
-    "--allow-service-external-ips",
+    "--allow-service-external-ips", "--feature-gates",
 }
 AGENT = {
     "--healthz-bind-address", "--metrics-bind-address", "--bind-address-hard-fail",
@@ -234,7 +235,9 @@ NON_DEFAULT = {
     "--cluster-cidr": "10.9.0.0/16", "--detect-local-mode": "NodeCIDR",
     "--pod-bridge-interface": "br9", "--pod-interface-name-prefix": "veth9",
     "--nodeport-addresses": "primary", "--masquerade-all": None, "--masquerade-bit": "3",
-    "--allow-service-external-ips": "false", "--healthz-bind-address": "127.0.0.1:9",
+    "--allow-service-external-ips": "false",
+    "--feature-gates": "KubeProxyNFTablesLocalhostNodePorts=true",
+    "--healthz-bind-address": "127.0.0.1:9",
     "--metrics-bind-address": "", "--bind-address-hard-fail": None, "--sync-period": "45s",
     "--min-sync-period": "2s",
 }

@@ -339,7 +339,7 @@ def test_other_api_version_warns_and_missing_kind_warns(tmp_path: Path) -> None:
             "clusterCIDR: two IPv4 CIDRs (10.0.0.0/8, 10.1.0.0/16)",
         ),
         ("detectLocal: {clusterCIDRs: [nope]}", "detectLocal.clusterCIDRs: 'nope' is not a CIDR"),
-        ("nodePortAddresses: [10.0.0.0/8, primary]", "nodePortAddresses: 'primary' must be"),
+        ("nodePortAddresses: [primary, loopback]", "nodePortAddresses: 'loopback' is not a CIDR"),
         ("nodePortAddresses: [10.0.0.300/8]", "nodePortAddresses: '10.0.0.300/8' is not a CIDR"),
         ("nodePortAddresses: 7", "nodePortAddresses: expected a list"),
         ("syncPeriod: 30x", "syncPeriod: invalid duration '30x'"),
@@ -448,7 +448,7 @@ def test_flag_conntrack_overrides_merge_with_the_files() -> None:
         ({"node_ips": ["10.0.0.1", "10.0.0.2"]}, "--node-ip: two IPv4 addresses"),
         ({"node_ips": ["10.0.0.x"]}, "--node-ip: '10.0.0.x' is not an IP address"),
         ({"cluster_cidrs": "10.0.0.0/8,bad"}, "--cluster-cidr: 'bad' is not a CIDR"),
-        ({"nodeport_addresses": "primary,10.0.0.0/8"}, "--nodeport-addresses: 'primary'"),
+        ({"nodeport_addresses": "primary,Localhost"}, "--nodeport-addresses: 'Localhost' is not"),
         ({"detect_local_mode": "Magic"}, "--detect-local-mode: 'Magic' is not one of"),
         ({"table_name": "has space"}, "--table-name: 'has space' is not a valid"),
         ({"table_name": "t" * 247}, "--table-name: 'tttt"),  # + "-affinity": 256 bytes

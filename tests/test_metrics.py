@@ -240,6 +240,7 @@ def test_configz_prints_the_effective_configuration_as_kube_proxy(served_all: st
     assert config["NodePortAddresses"] == ["primary"]
     assert config["FeatureGates"] == {
         "AllowServiceExternalIPs": False, "PreferSameTrafficDistribution": True,
+        "KubeProxyNFTablesLocalhostNodePorts": False,
     }
     assert (config["SyncPeriod"], config["MinSyncPeriod"], config["ConfigSyncPeriod"]) == (
         "30s", "500ms", "15m0s",

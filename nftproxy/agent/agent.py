@@ -58,7 +58,7 @@ from nftproxy.core.convert import EndpointSliceInfo
 from nftproxy.core.model import HostAddresses, NamespacedName, NodeInfo, ServiceInfo
 from nftproxy.core.nft.errors import NftError
 from nftproxy.core.nft.seam import Backend
-from nftproxy.kernel.sysctl import SysctlFS, apply_conntrack
+from nftproxy.kernel.sysctl import SysctlFS, apply_conntrack, enable_route_localnet
 from nftproxy.serving.health import (
     BindErrorCallback,
     HealthServer,
@@ -232,6 +232,8 @@ class Agent:
         self.metrics.mark_started()
         if self.sysctl_fs is not None:
             apply_conntrack(self.config.conntrack, self.sysctl_fs, log=self.log)
+            if self.config.localhost_nodeports:  # never touched otherwise
+                enable_route_localnet(self.sysctl_fs, log=self.log)
         self.backend.start()
         self._start_conntrack()
         self._start_host_addresses()

@@ -1,8 +1,10 @@
-"""Conntrack sysctls at start-up, as kube-proxy sets them.
+"""Conntrack sysctls and route_localnet at start-up, as kube-proxy sets them.
 
 Layer: edge (reads and writes /proc/sys and /sys through a seam). One job:
 apply the `linux.conntrack` settings of ProxyConfig once, when the agent
-starts. Caller: agent.py. `plan()` is pure (what to write, given the
+starts, and net.ipv4.conf.all.route_localnet=1 when localhost node ports
+are served (`enable_route_localnet`). Callers: agent.py, and cli.py's
+`sync` for route_localnet. `plan()` is pure (what to write, given the
 current values); `apply_conntrack()` reads and writes through a `SysctlFS`,
 so tests pass a dict-backed fake and the agent passes `HostFS()`.
 
@@ -15,9 +17,12 @@ What is set (kube-proxy cmd/kube-proxy/app/server_linux.go):
 - nf_conntrack_tcp_be_liberal = 1 when asked;
 - nf_conntrack_udp_timeout / _udp_timeout_stream when non-zero.
 
-A setting that cannot be read or written (read-only /sys or /proc in a
-container, the nf_conntrack module not loaded) is a warning, never fatal:
-the proxy works without it.
+A conntrack setting that cannot be read or written (read-only /sys or
+/proc in a container, the nf_conntrack module not loaded) is a warning,
+never fatal: the proxy works without it. route_localnet is different:
+localhost node ports cannot work without it, so failing to set it raises
+(kube-proxy's iptables mode refuses to start too). It is never touched
+when localhost node ports are off, and never set back to 0.
 """
 
 from __future__ import annotations
@@ -30,9 +35,18 @@ from typing import Protocol
 
 from nftproxy.core.config import ConntrackConfig
 
-__all__ = ["HostFS", "SysctlFS", "SysctlWrite", "apply_conntrack", "plan"]
+__all__ = [
+    "ROUTE_LOCALNET",
+    "HostFS",
+    "SysctlFS",
+    "SysctlWrite",
+    "apply_conntrack",
+    "enable_route_localnet",
+    "plan",
+]
 
 NETFILTER = "/proc/sys/net/netfilter"
+ROUTE_LOCALNET = "/proc/sys/net/ipv4/conf/all/route_localnet"
 CONNTRACK_MAX = f"{NETFILTER}/nf_conntrack_max"
 HASHSIZE = "/sys/module/nf_conntrack/parameters/hashsize"
 
@@ -135,3 +149,26 @@ def apply_conntrack(
 
 def _read_int(fs: SysctlFS, path: str) -> int:
     return int(fs.read(path).split()[0])
+
+
+def enable_route_localnet(fs: SysctlFS, *, log: logging.Logger | None = None) -> bool:
+    """net.ipv4.conf.all.route_localnet=1, which localhost node ports need:
+    without it the kernel drops a packet to or from 127.0.0.0/8 that is
+    routed off the loopback interface (the DNATed connection, its reply).
+    True if it was written, False if it was already 1; OSError if it cannot
+    be read or written. The exposure it opens (CVE-2020-8558) is closed by
+    the ruleset's KUBE-FIREWALL rules (core/rules/skeleton.py)."""
+    log = log or logging.getLogger(__name__)
+    try:
+        current = _read_int(fs, ROUTE_LOCALNET)
+    except (ValueError, IndexError) as exc:
+        raise OSError(f"cannot read {ROUTE_LOCALNET}: {exc}") from exc
+    if current != 1:
+        fs.write(ROUTE_LOCALNET, "1")
+    log.info(
+        "localhost node ports on (KubeProxyNFTablesLocalhostNodePorts): route_localnet set; "
+        "KUBE-FIREWALL drops packets for 127.0.0.0/8 from other hosts (CVE-2020-8558); "
+        "IPv4 only, ::1 is not served",
+        extra={"path": ROUTE_LOCALNET, "value": 1, "was": current},
+    )
+    return current != 1

@@ -68,6 +68,7 @@ def configz_body(config: ProxyConfig) -> dict[str, Any]:
             "FeatureGates": {
                 "AllowServiceExternalIPs": config.allow_service_external_ips,
                 "PreferSameTrafficDistribution": config.prefer_same_node,
+                "KubeProxyNFTablesLocalhostNodePorts": config.nftables_localhost_nodeports,
             },
             "HostnameOverride": config.node_name,
             "BindAddress": config.node_ips[0] if config.node_ips else "0.0.0.0",

@@ -53,10 +53,10 @@ from nftproxy.core.nft.listing import list_family, live_name
 from nftproxy.core.nft.ownership import foreign_table, our_tables, refusal
 from nftproxy.kernel.addresses import AddressesUnavailable, AddressWatch, read_host_addresses
 from nftproxy.kernel.libnftables import NftBackend, malloc_trim, tune_malloc
-from nftproxy.kernel.sysctl import HostFS
+from nftproxy.kernel.sysctl import HostFS, enable_route_localnet
 from nftproxy.serving.health import BindErrorCallback
 from nftproxy.tools.cli_flags import agent_flags, flag_overrides, ruleset_flags, table_flags
-from nftproxy.tools.config_load import build_config, load_config_file
+from nftproxy.tools.config_load import build_config, config_notes, load_config_file
 from nftproxy.tools.config_values import ConfigError
 from nftproxy.tools.dry_run import dry_run, files_input
 from nftproxy.tools.log import setup_logging
@@ -183,7 +183,10 @@ def _load_config(args: argparse.Namespace) -> ProxyConfig:
         )
         for warning in warnings:
             _log.warning("%s: %s", path, warning)
-    config = build_config(file_overrides, flag_overrides(args))
+    flags, flag_warnings = flag_overrides(args)
+    config = build_config(file_overrides, flags)
+    for warning in (*flag_warnings, *config_notes(config)):
+        _log.warning("%s", warning)
     env_name = os.environ.get("NODE_NAME", "").strip().lower()
     if not config.node_name and env_name:
         config = replace(config, node_name=env_name)
@@ -438,6 +441,8 @@ def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
                                        args.allow_empty)) is not None:
                 return rc
             _read_host_addresses(proxier)
+            if (rc := _route_localnet("sync", config)) is not None:
+                return rc
             report = proxier.sync()
         except AmbiguousNode as exc:
             print(f"nftproxy: config: {exc}", file=sys.stderr)
@@ -448,6 +453,20 @@ def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
     print(f"synced: {'full' if report.full else 'partial'}, {report.ops} commands, "
           f"{report.total_seconds * 1000:.1f} ms", file=sys.stderr)
     return 0
+
+
+def _route_localnet(command: str, config: ProxyConfig) -> int | None:
+    """1 (after saying why) when localhost node ports are on and
+    route_localnet cannot be set: the rules would serve nothing without it."""
+    if not config.localhost_nodeports:
+        return None
+    try:
+        enable_route_localnet(HostFS(), log=_log)
+    except OSError as exc:
+        print(f"nftproxy: {command}: localhost node ports need "
+              f"net.ipv4.conf.all.route_localnet=1: {exc}", file=sys.stderr)
+        return 1
+    return None
 
 
 def _read_host_addresses(proxier: Proxier) -> None:

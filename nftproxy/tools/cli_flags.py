@@ -7,7 +7,8 @@ configuration file and the settings that shape the ruleset: run, sync,
 trace, demo), `agent_flags` (the long-running agent's servers and timing:
 run, demo) -- so each `--help` lists only the flags its command reads; and
 `flag_overrides`, the ProxyConfig overrides of parsed flags, where a flag
-a subcommand does not have stays None. Caller: cli.py (build_parser,
+a subcommand does not have stays None, with the warnings about feature
+gates nftproxy does not implement. Caller: cli.py (build_parser,
 _load_config).
 """
 
@@ -16,8 +17,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nftproxy.core.config import PRIMARY, DetectLocalMode
-from nftproxy.tools.config_values import ConfigError, parse_duration
+from nftproxy.core.config import ALL, LOCALHOST, LOCALHOST_NODEPORTS_GATE, PRIMARY, DetectLocalMode
+from nftproxy.tools.config_values import (
+    FEATURE_GATES,
+    ConfigError,
+    parse_duration,
+    parse_feature_gates,
+)
 
 __all__ = ["agent_flags", "flag_overrides", "ruleset_flags", "table_flags"]
 
@@ -60,12 +66,17 @@ def ruleset_flags() -> argparse.ArgumentParser:
     g.add_argument("--pod-interface-name-prefix", metavar="PREFIX",
                    help="pods' interface prefix, for --detect-local-mode InterfaceNamePrefix")
     g.add_argument("--nodeport-addresses", metavar="CIDRS",
-                   help=f"CIDRs serving node ports, comma-separated, or {PRIMARY!r} "
-                   "(default: every local address)")
+                   help=f"CIDRs serving node ports, comma-separated, and the keywords "
+                   f"{PRIMARY!r} (the node's primary IPs), {LOCALHOST!r} (loopback; served "
+                   f"only with the {LOCALHOST_NODEPORTS_GATE} feature gate, IPv4 only) and "
+                   f"{ALL!r} (default: every local address but loopback)")
     g.add_argument("--masquerade-all", action="store_true", default=None,
                    help="masquerade all traffic sent to service IPs")
     g.add_argument("--masquerade-bit", metavar="N", type=int,
                    help="packet mark bit for masquerading, 0..31 (default 14)")
+    g.add_argument("--feature-gates", metavar="GATE=BOOL,...",
+                   help=f"kube-proxy feature gates, comma-separated; nftproxy reads "
+                   f"{', '.join(FEATURE_GATES)} and warns about others")
     g.add_argument("--allow-service-external-ips", metavar="BOOL", nargs="?", const=True,
                    type=_bool_arg,
                    help="program Services' spec.externalIPs (default true; kube-proxy's "
@@ -118,13 +129,25 @@ _FLAG_DESTS = {
 }
 
 
-def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    overrides = {key: getattr(args, dest, None) for key, dest in _FLAG_DESTS.items()}
+def flag_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """The overrides of the parsed flags (a gate's own flag, like
+    --allow-service-external-ips, wins over --feature-gates), and the
+    warnings about gates nftproxy does not implement."""
+    overrides: dict[str, Any] = {}
+    warnings: list[str] = []
+    gates = getattr(args, "feature_gates", None)
+    if gates is not None:
+        parsed, warnings = parse_feature_gates("--feature-gates", gates)
+        overrides.update(parsed)
+    for key, dest in _FLAG_DESTS.items():
+        value = getattr(args, dest, None)
+        if value is not None or key not in overrides:
+            overrides[key] = value
     overrides["sync_period"] = _duration_flag(
         "--sync-period", getattr(args, "sync_period", None))
     overrides["min_sync_period"] = _duration_flag(
         "--min-sync-period", getattr(args, "min_sync_period", None))
-    return overrides
+    return overrides, warnings
 
 
 def _duration_flag(flag: str, text: str | None) -> float | None:

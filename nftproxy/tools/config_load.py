@@ -28,7 +28,13 @@ from typing import Any
 
 import yaml
 
-from nftproxy.core.config import ConntrackConfig, DetectLocalMode, ProxyConfig
+from nftproxy.core.config import (
+    LOCALHOST,
+    LOCALHOST_NODEPORTS_GATE,
+    ConntrackConfig,
+    DetectLocalMode,
+    ProxyConfig,
+)
 from nftproxy.tools.config_read import (
     KIND,
     V1ALPHA1,
@@ -44,6 +50,7 @@ __all__ = [
     "API_VERSIONS",
     "KIND",
     "build_config",
+    "config_notes",
     "load_config_file",
 ]
 
@@ -125,6 +132,25 @@ def _check_combination(config: ProxyConfig, labels: Mapping[str, str]) -> None:
             f"minSyncPeriod ({config.min_sync_period:g}s) is longer than "
             f"syncPeriod ({config.sync_period:g}s)",
         )
+
+
+def config_notes(config: ProxyConfig) -> list[str]:
+    """Warnings about settings that take no effect together: a loopback
+    address in nodePortAddresses without the localhost feature gate (kube-proxy
+    serves none then either), and the gate without a loopback address."""
+    loopback = config.nodeport_ipv4_loopback
+    gate = f"featureGates {LOCALHOST_NODEPORTS_GATE}"
+    if loopback and not config.nftables_localhost_nodeports:
+        return [
+            f"nodePortAddresses: {', '.join(loopback)} (loopback) not served: localhost "
+            f"node ports need {gate}=true"
+        ]
+    if config.nftables_localhost_nodeports and not loopback:
+        return [
+            f"{gate} is on, but nodePortAddresses names no IPv4 loopback address (add "
+            f"{LOCALHOST!r}): no node port is served on localhost"
+        ]
+    return []
 
 
 # -- load_config_file -----------------------------------------------------------------

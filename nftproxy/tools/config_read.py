@@ -35,6 +35,7 @@ from nftproxy.tools.config_values import (
     CONNTRACK_SETTINGS,
     DEFAULT_HEALTHZ_PORT,
     DEFAULT_METRICS_PORT,
+    FEATURE_GATES,
     SETTINGS,
     as_bool,
     as_cidrs,
@@ -52,11 +53,6 @@ KIND = "KubeProxyConfiguration"
 V1ALPHA1 = "kubeproxy.config.k8s.io/v1alpha1"
 V1ALPHA2 = "kubeproxy.config.k8s.io/v1alpha2"
 
-# Feature gates nftproxy implements -> the ProxyConfig field they set.
-_GATES = {
-    "AllowServiceExternalIPs": "allow_service_external_ips",
-    "PreferSameTrafficDistribution": "prefer_same_node",
-}
 _NEVER_WARNED = frozenset(
     {
         "apiVersion",
@@ -158,7 +154,7 @@ class Reader:
     def _feature_gates(self, value: Any) -> None:
         gates = self._section("featureGates", value)
         for gate, enabled in gates.items():
-            key = _GATES.get(gate)
+            key = FEATURE_GATES.get(gate)
             if key is None:
                 self.warnings.append(f"featureGates: {gate}={enabled!r} ignored by nftproxy")
             else:

@@ -21,13 +21,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from nftproxy.core.address import format_address, parse_address
-from nftproxy.core.config import PRIMARY, DetectLocalMode
+from nftproxy.core.config import LOCALHOST_NODEPORTS_GATE, NODEPORT_KEYWORDS, DetectLocalMode
 from nftproxy.core.model import IPFamily, family_of
 from nftproxy.core.nft.ownership import our_tables
 from nftproxy.core.rules import names
 
 __all__ = [
     "CONNTRACK_SETTINGS",
+    "FEATURE_GATES",
     "SETTINGS",
     "WELL_KNOWN_TABLES",
     "ConfigError",
@@ -41,6 +42,7 @@ __all__ = [
     "bind_address_of",
     "fail",
     "parse_duration",
+    "parse_feature_gates",
 ]
 
 DEFAULT_HEALTHZ_PORT = 10256
@@ -184,12 +186,10 @@ def _node_ips(label: str, value: Any) -> tuple[str, ...]:
 
 
 def _nodeport_addresses(label: str, value: Any) -> tuple[str, ...]:
+    """CIDRs and the keywords primary, localhost and all, in any combination
+    (kube-proxy 1.37, KEP-6032); the keywords stay words."""
     items = [as_str(label, v) for v in _list(label, value)]
-    if PRIMARY in items:
-        if len(items) != 1:
-            raise fail(label, f"{PRIMARY!r} must be the only entry, got {items}")
-        return (PRIMARY,)
-    return tuple(_cidr(label, v) for v in items)
+    return tuple(v if v in NODEPORT_KEYWORDS else _cidr(label, v) for v in items)
 
 
 def _detect_local_mode(label: str, value: Any) -> DetectLocalMode:
@@ -421,8 +421,39 @@ SETTINGS: dict[str, tuple[Normaliser, str, str]] = {
         "featureGates.AllowServiceExternalIPs",
         "--allow-service-external-ips",
     ),
+    "nftables_localhost_nodeports": (
+        as_bool,
+        f"featureGates.{LOCALHOST_NODEPORTS_GATE}",
+        "--feature-gates",
+    ),
     "bind_address_hard_fail": (as_bool, "bindAddressHardFail", "--bind-address-hard-fail"),
 }
+
+FEATURE_GATES: dict[str, str] = {
+    "AllowServiceExternalIPs": "allow_service_external_ips",
+    "PreferSameTrafficDistribution": "prefer_same_node",
+    LOCALHOST_NODEPORTS_GATE: "nftables_localhost_nodeports",
+}
+"""The feature gates nftproxy implements -> the ProxyConfig field each sets."""
+
+
+def parse_feature_gates(label: str, value: Any) -> tuple[dict[str, bool], list[str]]:
+    """`--feature-gates` (kube-proxy's `Gate=true,Other=false`): the
+    ProxyConfig overrides of the gates nftproxy implements, and one warning
+    per gate it does not (as for featureGates in the file)."""
+    overrides: dict[str, bool] = {}
+    warnings: list[str] = []
+    for item in _list(label, value):
+        gate, sep, text = as_str(label, item).partition("=")
+        gate, text = gate.strip(), text.strip().lower()
+        if not sep or not gate or text not in ("true", "false"):
+            raise fail(label, f"{item!r} is not Gate=true or Gate=false")
+        key = FEATURE_GATES.get(gate)
+        if key is None:
+            warnings.append(f"{label}: {gate}={text} ignored by nftproxy")
+        else:
+            overrides[key] = text == "true"
+    return overrides, warnings
 
 # ConntrackConfig field -> (normaliser, camelCase name in `conntrack:`)
 CONNTRACK_SETTINGS: dict[str, tuple[Normaliser, str]] = {

@@ -16,12 +16,23 @@ Packet path of a new connection (docs/upstream-nftables-notes.md §1.6):
   filter forward 0               KUBE-FORWARD
   nat postrouting 100            KUBE-POSTROUTING: mark hairpin (hairpin-endpoints),
                                  masquerade marked packets
+
+Localhost node ports (ProxyConfig.localhost_nodeports, IPv4, off by
+default) add four rules and nothing else (`_Localhost`): nat-output sends
+the node's own connections to the loopback addresses nodePortAddresses
+names (127.0.0.0/8 for "localhost") to KUBE-NODEPORTS, and the affinity
+table's nat-output to its node-port map; KUBE-EXTERNAL-SERVICES rejects
+them for node ports without endpoints; filter-input drops what
+route_localnet would otherwise let in from the network (kube-proxy's
+KUBE-FIREWALL rule, CVE-2020-8558). Masquerade comes from the rules that
+mark the node's own node-port traffic already (KUBE-EXT's mark for
+eTP=Cluster, "masquerade LOCAL traffic" for Local).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from nftproxy.core.config import ProxyConfig
 from nftproxy.core.model import IPFamily, L4Protocol, NodeInfo
@@ -50,6 +61,7 @@ __all__ = [
     "FIREWALL_VIPS",
     "FORWARD",
     "HAIRPIN_ENDPOINTS",
+    "KUBE_FIREWALL",
     "MARK_MASQ",
     "MASQUERADE_NODEPORTS",
     "MASQUERADE_VIPS",
@@ -79,6 +91,8 @@ FORWARD = "KUBE-FORWARD"
 REJECT = "KUBE-REJECT"
 MARK_MASQ = "KUBE-MARK-MASQ"
 POSTROUTING = "KUBE-POSTROUTING"
+KUBE_FIREWALL = "KUBE-FIREWALL"
+"""kube-proxy's chain of the localnet drop, named in that rule's comment (no chain here)."""
 
 SERVICE_IPS = "service-ips"
 SERVICE_NODEPORTS = "service-nodeports"
@@ -129,8 +143,63 @@ def _rule(*statements: Json, comment: str | None = None) -> Rule:
     return Rule(tuple(statements), comment)
 
 
-def _base_chains() -> tuple[Chain, ...]:
+@dataclass(frozen=True, slots=True)
+class _Localhost:
+    """The rules that serve node ports on `destinations` (the loopback CIDRs
+    nodePortAddresses names) to the node's own processes."""
+
+    destinations: tuple[str, ...]
+
+    @classmethod
+    def of(cls, family: IPFamily, config: ProxyConfig) -> _Localhost | None:
+        """The rules of `family`, None when off (and always for IPv6)."""
+        if family is not IPFamily.IPV4 or not config.localhost_nodeports:
+            return None
+        return cls(config.localhost_nodeports)
+
+    def _to(self) -> Json:
+        return expr.addr_match(IPFamily.IPV4, "daddr", self.destinations)
+
+    @property
+    def nodeports(self) -> Rule:
+        """nat-output, after KUBE-SERVICES: output only, so that a packet for
+        127.0.0.1 from the network is never DNATed."""
+        return _rule(self._to(), expr.goto(NODEPORTS),
+                     comment="localhost NodePorts (route_localnet): KUBE-NODEPORTS")
+
+    @property
+    def affinity_nodeports(self) -> Rule:
+        """The same in the affinity table's nat-output (its KUBE-EXT chains)."""
+        return _rule(self._to(), expr.vmap(expr.concat_proto_dport(), SERVICE_NODEPORTS),
+                     comment="localhost NodePorts (route_localnet), ClientIP affinity")
+
+    @property
+    def no_endpoints(self) -> Rule:
+        """KUBE-EXTERNAL-SERVICES: a localhost node port without endpoints is
+        rejected, as on the node's other addresses."""
+        return _rule(self._to(), expr.vmap(expr.concat_proto_dport(), NO_ENDPOINT_NODEPORTS),
+                     comment="localhost node ports with no (local) endpoints")
+
+    @property
+    def firewall(self) -> Rule:
+        """kube-proxy's KUBE-FIREWALL rule, in filter-input only (where packets
+        from the network arrive): route_localnet would let them reach the
+        node's localhost-only services (CVE-2020-8558)."""
+        loopback = (_LOOPBACK[IPFamily.IPV4],)
+        return _rule(
+            expr.addr_match(IPFamily.IPV4, "daddr", loopback),
+            expr.addr_match(IPFamily.IPV4, "saddr", loopback, negate=True),
+            expr.match({"ct": {"key": "state"}}, {"set": ["established", "related"]}, "!="),
+            expr.match({"ct": {"key": "status"}}, "dnat", "!="),
+            expr.drop(),
+            comment=f"{KUBE_FIREWALL}: block incoming localnet connections (CVE-2020-8558)",
+        )
+
+
+def _base_chains(localhost: _Localhost | None) -> tuple[Chain, ...]:
     new = expr.ct_state("new")
+    guard = () if localhost is None else (localhost.firewall,)
+    nat_output = () if localhost is None else (localhost.nodeports,)
     return (
         Chain(
             "filter-prerouting-pre-dnat",
@@ -143,10 +212,14 @@ def _base_chains() -> tuple[Chain, ...]:
             BaseHook("filter", "output", -110),
         ),
         Chain("nat-prerouting", (_rule(expr.jump(SERVICES)),), BaseHook("nat", "prerouting", -100)),
-        Chain("nat-output", (_rule(expr.jump(SERVICES)),), BaseHook("nat", "output", -100)),
+        Chain(
+            "nat-output",
+            (_rule(expr.jump(SERVICES)), *nat_output),
+            BaseHook("nat", "output", -100),
+        ),
         Chain(
             "filter-input",
-            (_rule(new, expr.jump(EXTERNAL_SERVICES)),),
+            (*guard, _rule(new, expr.jump(EXTERNAL_SERVICES))),
             BaseHook("filter", "input", 0),
         ),
         Chain(
@@ -181,9 +254,12 @@ def _nodeport_address_match(family: IPFamily, config: ProxyConfig) -> tuple[Json
     return (expr.set_lookup(family, "daddr", NODEPORT_IPS),)
 
 
-def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
+def _lookup_chains(
+    family: IPFamily, config: ProxyConfig, localhost: _Localhost | None
+) -> tuple[Chain, ...]:
     daddr_key = expr.concat_daddr_proto_dport(family)
     nodeport_dst = _nodeport_address_match(family, config)
+    localhost_rejects = () if localhost is None else (localhost.no_endpoints,)
     return (
         Chain(
             SERVICES,
@@ -216,11 +292,14 @@ def _lookup_chains(family: IPFamily, config: ProxyConfig) -> tuple[Chain, ...]:
         Chain(FIREWALL_CHECK, (_source_range_rule(family),)),
         Chain(
             EXTERNAL_SERVICES,
-            _by_destination(
-                family,
-                config,
-                (NO_ENDPOINT_SERVICES, "services with no (local) endpoints"),
-                (NO_ENDPOINT_NODEPORTS, "node ports with no (local) endpoints"),
+            (
+                *_by_destination(
+                    family,
+                    config,
+                    (NO_ENDPOINT_SERVICES, "services with no (local) endpoints"),
+                    (NO_ENDPOINT_NODEPORTS, "node ports with no (local) endpoints"),
+                ),
+                *localhost_rejects,
             ),
         ),
         Chain(
@@ -415,13 +494,14 @@ def render_skeleton(
     family: IPFamily, config: ProxyConfig, node: NodeInfo, service_cidrs: tuple[str, ...] = ()
 ) -> Fragment:
     """The fixed part of `family`'s table; `service_cidrs` are this family's."""
+    localhost = _Localhost.of(family, config)
     chains = (
-        *_base_chains(),
-        *_lookup_chains(family, config),
+        *_base_chains(localhost),
+        *_lookup_chains(family, config, localhost),
         *_helper_chains(family, config),
     )
     sets = _maps_and_sets(family, config, node, service_cidrs)
-    aside_chains, aside_sets = _affinity_table(family, config, node)
+    aside_chains, aside_sets = _affinity_table(family, config, node, localhost)
     return Fragment(family, (*chains, *aside_chains), (*sets, *aside_sets))
 
 
@@ -451,7 +531,7 @@ destination ends its chain without NAT."""
 
 
 def _affinity_table(
-    family: IPFamily, config: ProxyConfig, node: NodeInfo
+    family: IPFamily, config: ProxyConfig, node: NodeInfo, localhost: _Localhost | None
 ) -> tuple[tuple[Chain, ...], tuple[SetDecl, ...]]:
     """The affinity table (fragment.AFFINITY_TABLE): the dispatch maps of
     the ports with ClientIP affinity (their elements go to the ports'
@@ -471,9 +551,10 @@ def _affinity_table(
         ),
     )
     enter = (_rule(expr.jump(SERVICES)),)
+    output = enter if localhost is None else (*enter, localhost.affinity_nodeports)
     chains = (
         Chain("nat-prerouting", enter, BaseHook("nat", "prerouting", AFFINITY_NAT_PRIORITY)),
-        Chain("nat-output", enter, BaseHook("nat", "output", AFFINITY_NAT_PRIORITY)),
+        Chain("nat-output", output, BaseHook("nat", "output", AFFINITY_NAT_PRIORITY)),
         services,
         Chain(MARK_MASQ, (_rule(expr.mark_set(config.masquerade_mark)),)),
     )

@@ -18,7 +18,9 @@ the sets they look up:
   names the KUBE-EXT-<h>, and the chooser's own cluster-IP rule, which
   marks it again, adds no reason);
 - drop / reject: the `firewall-allow` rule of KUBE-FIREWALL-CHECK
-  (loadBalancerSourceRanges), an element of a no-endpoint map (no
+  (loadBalancerSourceRanges), the KUBE-FIREWALL rule of localhost node
+  ports (a packet for 127.0.0.0/8 from another host), an element of a
+  no-endpoint map (no
   endpoints -> reject; Local policy without a local endpoint -> drop), the
   cluster-ips set (an unknown port of a cluster IP) or the service-cidrs set
   (an unallocated ServiceCIDR address).
@@ -232,6 +234,9 @@ def _stop_reason(flow: Flow, rs: Ruleset) -> str:
     stopped = _rule(rs, at)
     if stopped is not None and _looks_up(stopped, sk.FIREWALL_ALLOW):
         return f"source {flow.saddr} is outside the service's loadBalancerSourceRanges"
+    if stopped is not None and (stopped.comment or "").startswith(sk.KUBE_FIREWALL + ":"):
+        return (f"{flow.daddr} is a loopback address and {flow.saddr} is not: "
+                f"{sk.KUBE_FIREWALL} drops it (route_localnet, CVE-2020-8558)")
     element = next((e for e in reversed(flow.elements) if e.at in (at, via)), None)
     if element is not None and element.set in _NO_ENDPOINT_MAPS:
         return _no_endpoint_reason(flow, element.set, rs)
