@@ -422,6 +422,7 @@ SETTINGS: dict[str, tuple[Normaliser, str, str]] = {
         "--allow-service-external-ips",
     ),
     "bind_address_hard_fail": (as_bool, "bindAddressHardFail", "--bind-address-hard-fail"),
+    "kube_proxy_marker": (as_bool, "kubeProxyMarker", "--kube-proxy-marker"),
 }
 
 # ConntrackConfig field -> (normaliser, camelCase name in `conntrack:`)
