@@ -19,8 +19,10 @@
 #   jump to them, one `iptables-restore --noflush` per table.
 # What stays: kubelet's chains (KUBE-FIREWALL, KUBE-MARK-DROP,
 # KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT), every other rule and table, and
-# nftproxy's tables. IPVS mode leftovers (kube-ipvs0, IPVS services, ipsets)
-# are not handled: use `kube-proxy --cleanup` for those.
+# nftproxy's tables, its kube-proxy marker among them (a `kube-proxy` table
+# marked as nftproxy's that holds only the chain `nftproxy-marker`). IPVS
+# mode leftovers (kube-ipvs0, IPVS services, ipsets) are not handled: use
+# `kube-proxy --cleanup` for those.
 #
 # --dry-run prints what would be deleted (the nft commands and the
 # iptables-restore input) and changes nothing.
@@ -40,9 +42,25 @@ owned='^KUBE-(SERVICES|EXTERNAL-SERVICES|NODEPORTS|POSTROUTING|MARK-MASQ|FORWARD
 removed=0
 
 # -- nftables mode --------------------------------------------------------------
+
+# nftproxy's kube-proxy marker (nftproxy/core/nft/marker.py): its mark and its
+# one chain, nothing of kube-proxy's in it; read from `nft list table` on stdin.
+is_marker() {
+  awk '
+    /^\tcomment "managed by nftproxy"$/ { marked = 1 }
+    /^\t(chain|set|map|flowtable|counter|quota|limit|ct|secmark|synproxy) / { objects++ }
+    /^\tchain nftproxy-marker \{$/ { chain = 1 }
+    END { exit !(marked && chain && objects == 1) }
+  '
+}
+
 if command -v nft >/dev/null; then
   for family in ip ip6; do
-    if nft list table "$family" kube-proxy >/dev/null 2>&1; then
+    if listing=$(nft list table "$family" kube-proxy 2>/dev/null); then
+      if is_marker <<<"$listing"; then
+        echo "# table $family kube-proxy is nftproxy's marker: kept"
+        continue
+      fi
       echo "nft delete table $family kube-proxy"
       [ "$dry_run" = 1 ] || nft delete table "$family" kube-proxy
       removed=$((removed + 1))

@@ -23,7 +23,8 @@ t1=$(date +%s)
 
 kernel_tests=(tests/test_backend.py tests/test_proxier_kernel.py tests/test_dataplane*.py
   tests/test_conntrack_kernel.py tests/test_userspaces.py tests/test_nfttext_kernel.py
-  tests/test_switch_kernel.py tests/test_ruleset_size.py tests/test_hostile_names_kernel.py)
+  tests/test_switch_kernel.py tests/test_ruleset_size.py tests/test_hostile_names_kernel.py
+  tests/test_marker_kernel.py)
 rc=0
 echo "test-userspaces: version skew, host (1.0.6) <-> trixie (1.1.3)"
 .venv/bin/python -m pytest -p no:cacheprovider tests/test_userspaces.py "$@" || rc=$?

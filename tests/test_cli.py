@@ -221,9 +221,10 @@ AGENT = {
     "--healthz-bind-address", "--metrics-bind-address", "--bind-address-hard-fail",
     "--sync-period", "--min-sync-period",
 }
+MARKER = {"--kube-proxy-marker"}
 FLAGS = {
-    "run": SHARED | RULESET | AGENT | {"--kubeconfig", "--source", "--allow-empty"},
-    "sync": SHARED | RULESET | {"--source", "--dry-run", "--json", "--allow-empty"},
+    "run": SHARED | RULESET | AGENT | MARKER | {"--kubeconfig", "--source", "--allow-empty"},
+    "sync": SHARED | RULESET | MARKER | {"--source", "--dry-run", "--json", "--allow-empty"},
     "dump": SHARED | {"--json", "--service"},
     "cleanup": SHARED,
     "demo": SHARED | RULESET | AGENT | {"--once", "--source"},
@@ -239,7 +240,7 @@ NON_DEFAULT = {
     "--feature-gates": "KubeProxyNFTablesLocalhostNodePorts=true",
     "--healthz-bind-address": "127.0.0.1:9",
     "--metrics-bind-address": "", "--bind-address-hard-fail": None, "--sync-period": "45s",
-    "--min-sync-period": "2s",
+    "--min-sync-period": "2s", "--kube-proxy-marker": "false",
 }
 
 

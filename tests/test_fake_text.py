@@ -40,6 +40,7 @@ from nftproxy.core.nft.commands import (
     FlushChain,
     FlushSet,
 )
+from nftproxy.core.nft.marker import create_commands
 from nftproxy.core.nft.ops import Table, typeof_key
 from nftproxy.core.rules import expr
 from nftproxy.core.rules.fragment import (
@@ -148,6 +149,7 @@ def full_and_partial(**backend_args: Any) -> tuple[Recording, list[Command], lis
 
 
 HANDWRITTEN: list[Command] = [
+    *create_commands("ip6"),  # the kube-proxy marker: `create table`, a chain's comment
     T4.add_rule(
         "KUBE-SVC-X",
         Rule((expr.accept(),), comment="ns/web:http -> 10.0.0.1:80, {x}; y=1 (z) @a #b"),
@@ -316,6 +318,7 @@ def test_a_dual_stack_sample_full_and_partial_syncs_read_as_their_json() -> None
 
 def test_handwritten_edge_lines_read_as_their_json() -> None:
     assert {DeleteTable, FlushSet} <= {type(c) for c in HANDWRITTEN}
+    assert "create table ip6 kube-proxy" in nfttext.transaction_text(HANDWRITTEN)
     assert_round_trip(HANDWRITTEN)
 
 

@@ -28,8 +28,10 @@ Data flow:
   (nftproxy_drift_repairs_total{reason});
 - after each successful commit the Proxier runs the hooks given to it:
   `_after_sync` (health, metrics, table-size gauges, health-check-node-port
-  servers, one log line) and the conntrack cleanup. Both read only the
-  SyncReport.
+  servers, one log line), the conntrack cleanup, and after a full sync
+  the kube-proxy marker (agent/marker.py: peers such as Calico's Felix find
+  an nftables proxy by kube-proxy's table name; only with `marker`, the
+  backend it is written through). All read only the SyncReport.
 
 Stopping (SIGTERM/SIGINT in cli) stops watching, the runner (after a sync in
 progress), and the servers, and leaves the rules in place: traffic keeps
@@ -49,6 +51,7 @@ from prometheus_client import CollectorRegistry
 from nftproxy.agent.drift import FOREIGN_COMMIT
 from nftproxy.agent.heap import AgentHeapPolicy, HeapPolicy
 from nftproxy.agent.intake import DUPLICATE_DESTINATION, INVALID_FIELD, Intake, InvalidField
+from nftproxy.agent.marker import KubeProxyMarker
 from nftproxy.agent.proxier import Proxier
 from nftproxy.agent.report import SyncReport
 from nftproxy.agent.runner import Runner
@@ -57,6 +60,7 @@ from nftproxy.core.config import ProxyConfig
 from nftproxy.core.convert import EndpointSliceInfo
 from nftproxy.core.model import HostAddresses, NamespacedName, NodeInfo, ServiceInfo
 from nftproxy.core.nft.errors import NftError
+from nftproxy.core.nft.marker import MarkerBackend
 from nftproxy.core.nft.seam import Backend
 from nftproxy.kernel.sysctl import SysctlFS, apply_conntrack, enable_route_localnet
 from nftproxy.serving.health import (
@@ -143,9 +147,12 @@ class Agent:
     health-check node ports on every address. `heap` decides what a sync
     does to the garbage collector and malloc (agent/heap.py; default: the
     agent's policy without malloc_trim). `hooks` run after each
-    successful commit, after the agent's own. `on_invalid_field` hears of
-    every invalid field once, after it was logged and counted;
-    `on_sync_failure` of every failed sync, with the error.
+    successful commit, after the agent's own. `marker` (None: none is
+    written) is what the kube-proxy marker is written through when
+    config.kube_proxy_marker is on (the CLI passes its NftBackend).
+    `on_invalid_field` hears of every invalid field once, after it was
+    logged and counted; `on_sync_failure` of every failed sync, with the
+    error.
     """
 
     def __init__(
@@ -166,6 +173,7 @@ class Agent:
         service_health_host: str = "",
         heap: HeapPolicy | None = None,
         hooks: Sequence[Callable[[SyncReport], None]] = (),
+        marker: MarkerBackend | None = None,
         log: logging.Logger | None = None,
     ) -> None:
         self.config = config
@@ -182,16 +190,21 @@ class Agent:
             timeout=2 * config.sync_period, clock=wall_clock, monotonic=clock
         )
         self._conntrack_cleanup: Callable[[SyncReport], None] | None = None
+        self.kube_proxy_marker: KubeProxyMarker | None = None
         self.proxier = Proxier(
             config,
             backend,
-            hooks=[self._after_sync, self._clean_conntrack, *hooks],
+            hooks=[self._after_sync, self._clean_conntrack, self._keep_marker, *hooks],
             on_change=self._on_change,
             heap=heap or AgentHeapPolicy(),
             clock=clock,
             drift_check_period=config.sync_period,
             on_drift=self._drift_repaired,
         )
+        if marker is not None and config.kube_proxy_marker:
+            self.kube_proxy_marker = KubeProxyMarker(
+                marker, committing=self.proxier.committing_aside, log=self.log
+            )
         self.runner = Runner(
             self._sync,
             min_interval=config.min_sync_period,
@@ -405,6 +418,10 @@ class Agent:
     def _clean_conntrack(self, report: SyncReport) -> None:
         if self._conntrack_cleanup is not None:
             self._conntrack_cleanup(report)
+
+    def _keep_marker(self, report: SyncReport) -> None:
+        if self.kube_proxy_marker is not None:
+            self.kube_proxy_marker.on_sync(report)
 
     def _log_sync(self, report: SyncReport) -> None:
         fields = {

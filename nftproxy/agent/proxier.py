@@ -45,6 +45,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
 from nftproxy.agent.chunked import Build, Chunked, Records, run_steps
@@ -85,6 +86,8 @@ __all__ = ["Proxier"]
 FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
 FRESH_CHUNK_ENDPOINTS = 2000
 """Endpoints per transaction of a full sync in steps (see above)."""
+_ONE_COMMIT = (None,)
+"""What DriftWatch.committing is told of a hook's own commit: one, not empty."""
 
 
 class _Inputs:
@@ -219,6 +222,12 @@ class Proxier:
     def request_full_sync(self) -> None:
         with self._lock:
             self._inputs.need_full = True
+
+    def committing_aside(self) -> AbstractContextManager[None]:
+        """Wrap one small commit a post-commit hook makes of its own (the
+        kube-proxy marker, agent/marker.py), so that the drift check counts
+        it as ours rather than another process's."""
+        return self._drift.committing(_ONE_COMMIT)
 
     # ---- views ------------------------------------------------------------------
 

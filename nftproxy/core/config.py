@@ -99,6 +99,9 @@ class ProxyConfig:
     nodePortAddresses lists (`localhost_nodeports`)."""
     bind_address_hard_fail: bool = False
     """A healthz or metrics server that cannot bind stops the agent."""
+    kube_proxy_marker: bool = True
+    """Write the kube-proxy marker (core/nft/marker.py): `ip`/`ip6 kube-proxy`
+    with one inert chain, where peers look for kube-proxy's nftables mode."""
     conntrack: ConntrackConfig = field(default_factory=ConntrackConfig)
 
     @property

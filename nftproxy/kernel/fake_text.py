@@ -149,12 +149,12 @@ def _command(p: _Line, v11: bool) -> dict[str, Any]:
     verb, what = p.next(), p.next()
     if verb == "add" and what in ("set", "map"):
         out = _declaration(p, what, v11)
-    elif (verb, what) in (("add", "table"), ("delete", "table")):
-        out = {verb: {"table": _table(p, verb == "add")}}
+    elif (verb, what) in (("add", "table"), ("create", "table"), ("delete", "table")):
+        out = {verb: {"table": _table(p, verb != "delete")}}
     elif (verb, what) in (("add", "chain"), ("flush", "chain"), ("delete", "chain")):
         spec = _where(p, "name")
         if verb == "add" and p.accept("{"):
-            spec.update(_hook(p))
+            spec.update(_chain_body(p))
         out = {verb: {"chain": spec}}
     elif verb in ("flush", "delete") and what in ("set", "map"):
         out = {verb: {what: _where(p, "name")}}
@@ -194,20 +194,26 @@ def _table(p: _Line, add: bool) -> dict[str, Any]:
     return spec
 
 
-def _hook(p: _Line) -> dict[str, Any]:
-    """`type T hook H priority N; policy P; }` (after the brace)."""
-    p.expect("type")
-    kind = p.symbol()
-    p.expect("hook")
-    hook = p.symbol()
-    p.expect("priority")
-    prio = int(p.matching(_SIGNED))
-    p.expect(";")
-    p.expect("policy")
-    policy = p.symbol()
-    p.expect(";")
+def _chain_body(p: _Line) -> dict[str, Any]:
+    """`[type T hook H priority N; policy P;] [comment "C";] }` (after the brace)."""
+    spec: dict[str, Any] = {}
+    if p.accept("type"):
+        spec["type"] = p.symbol()
+        p.expect("hook")
+        spec["hook"] = p.symbol()
+        p.expect("priority")
+        spec["prio"] = int(p.matching(_SIGNED))
+        p.expect(";")
+        p.expect("policy")
+        spec["policy"] = p.symbol()
+        p.expect(";")
+    if p.accept("comment"):
+        spec["comment"] = p.quoted()
+        p.expect(";")
+    if not spec:
+        raise p.unknown("an empty chain body")
     p.expect("}")
-    return {"type": kind, "hook": hook, "prio": prio, "policy": policy}
+    return spec
 
 
 def _rule(p: _Line) -> dict[str, Any]:

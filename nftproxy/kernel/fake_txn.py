@@ -157,6 +157,11 @@ class Txn:
             self.next_table_handle += 1
             self.tables[key] = self._mine(FTable(obj, comment=spec.get("comment") or None))
 
+    def _create_table(self, spec: Json) -> None:
+        if (spec["family"], spec["name"]) in self.tables:
+            raise Refused(EEXIST, f"table {spec['family']} {spec['name']} exists (create)")
+        self._add_table(spec)
+
     def _flush_table(self, spec: Json) -> None:
         t = self.table(spec["family"], spec["name"])
         for name in list(t.chains):
@@ -178,6 +183,8 @@ class Txn:
             if base:
                 obj.update(type=spec["type"], hook=spec["hook"], prio=spec["prio"])
                 obj["policy"] = spec.get("policy", "accept")
+            if spec.get("comment"):
+                obj["comment"] = spec["comment"]
             t.chains[name] = self._mine(FChain(obj))
         elif base and not old.is_base:
             # nf_tables_updchain checks a policy before the hook (kernel 6.18)

@@ -41,6 +41,7 @@ from nftproxy.agent.agent import (
 )
 from nftproxy.agent.heap import AgentHeapPolicy
 from nftproxy.agent.intake import InvalidField
+from nftproxy.agent.marker import KubeProxyMarker
 from nftproxy.agent.proxier import Proxier
 from nftproxy.cluster.events import ClusterEvents
 from nftproxy.cluster.file import AmbiguousNode, FileSource, SourceError, WatchedFiles
@@ -55,7 +56,13 @@ from nftproxy.kernel.addresses import AddressesUnavailable, AddressWatch, read_h
 from nftproxy.kernel.libnftables import NftBackend, malloc_trim, tune_malloc
 from nftproxy.kernel.sysctl import HostFS, enable_route_localnet
 from nftproxy.serving.health import BindErrorCallback
-from nftproxy.tools.cli_flags import agent_flags, flag_overrides, ruleset_flags, table_flags
+from nftproxy.tools.cli_flags import (
+    agent_flags,
+    flag_overrides,
+    marker_flags,
+    ruleset_flags,
+    table_flags,
+)
 from nftproxy.tools.config_load import build_config, config_notes, load_config_file
 from nftproxy.tools.config_values import ConfigError
 from nftproxy.tools.dry_run import dry_run, files_input
@@ -108,6 +115,7 @@ def _closed_pipe() -> int:
 def build_parser() -> argparse.ArgumentParser:
     """Each subcommand lists only the flags it reads (tests/test_cli.py)."""
     table, ruleset, agent = table_flags(), ruleset_flags(), agent_flags()
+    marker = marker_flags()
     parser = argparse.ArgumentParser(
         prog="nftproxy",
         description="Kubernetes service proxy for nft-native nodes: kube-proxy's KUBE-* "
@@ -117,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     run = sub.add_parser(
-        "run", parents=[ruleset, agent, table],
+        "run", parents=[ruleset, agent, marker, table],
         help="run the proxy agent (watch the cluster, keep rules in sync)",
     )
     run.add_argument("--kubeconfig", metavar="FILE",
@@ -130,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "programmed service (refused by default: the previous state is kept)")
     run.set_defaults(handler=_cmd_run)
 
-    sync = sub.add_parser("sync", parents=[ruleset, table],
+    sync = sub.add_parser("sync", parents=[ruleset, marker, table],
                           help="program the rules once from files and exit")
     # `sync` always syncs once; --once stays accepted for scripts written when it was required
     sync.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
@@ -242,9 +250,11 @@ def _cmd_run(args: argparse.Namespace, config: ProxyConfig) -> int:
             return rc
         if (rc := _refuse_emptying("run", probe, config, services, args.allow_empty)) is not None:
             return rc
+    backend = NftBackend()
     agent = Agent(
         config,
-        backend=NftBackend(),
+        backend=backend,
+        marker=backend,  # the kube-proxy marker goes through the agent's own context
         source_factory=source_factory,
         sysctl_fs=HostFS(),
         conntrack=_conntrack(),
@@ -444,6 +454,8 @@ def _cmd_sync(args: argparse.Namespace, config: ProxyConfig) -> int:
             if (rc := _route_localnet("sync", config)) is not None:
                 return rc
             report = proxier.sync()
+            if config.kube_proxy_marker:
+                KubeProxyMarker(backend, log=_log).ensure()
         except AmbiguousNode as exc:
             print(f"nftproxy: config: {exc}", file=sys.stderr)
             return 2
@@ -523,8 +535,15 @@ def _cmd_cleanup(args: argparse.Namespace, config: ProxyConfig) -> int:
         if (rc := _not_our_table(backend, config)) is not None:
             return rc
         backend.delete_tables(config.table_name)
-    deleted = ", ".join(sorted({name for _, name in our_tables(config.table_name)}))
-    print(f"deleted tables ip/ip6 {deleted} (if present)", file=sys.stderr)
+        deleted = ", ".join(sorted({name for _, name in our_tables(config.table_name)}))
+        print(f"deleted tables ip/ip6 {deleted} (if present)", file=sys.stderr)
+        try:  # whatever --kube-proxy-marker says: a marker left by an earlier run goes too
+            removal = KubeProxyMarker(backend, log=_log).remove()
+        except NftError as exc:
+            print(f"nftproxy: cleanup: the kube-proxy marker: {exc}", file=sys.stderr)
+            return 1
+    for line in removal.lines():
+        print(line, file=sys.stderr)
     return 0
 
 

@@ -1,11 +1,12 @@
 """The flags of `nftproxy`'s subcommands, and what they override.
 
 Layer: tools (argparse only; imports the core's config for names and
-config_values for durations). One job: the three flag groups subcommands
+config_values for durations). One job: the four flag groups subcommands
 combine -- `table_flags` (every command), `ruleset_flags` (the
 configuration file and the settings that shape the ruleset: run, sync,
 trace, demo), `agent_flags` (the long-running agent's servers and timing:
-run, demo) -- so each `--help` lists only the flags its command reads; and
+run, demo), `marker_flags` (the kube-proxy marker: run, sync) -- so each
+`--help` lists only the flags its command reads; and
 `flag_overrides`, the ProxyConfig overrides of parsed flags, where a flag
 a subcommand does not have stays None, with the warnings about feature
 gates nftproxy does not implement. Caller: cli.py (build_parser,
@@ -25,7 +26,7 @@ from nftproxy.tools.config_values import (
     parse_feature_gates,
 )
 
-__all__ = ["agent_flags", "flag_overrides", "ruleset_flags", "table_flags"]
+__all__ = ["agent_flags", "flag_overrides", "marker_flags", "ruleset_flags", "table_flags"]
 
 # Flags that are not given are None: the file's value or the default applies.
 
@@ -102,6 +103,19 @@ def agent_flags() -> argparse.ArgumentParser:
     return p
 
 
+def marker_flags() -> argparse.ArgumentParser:
+    """What writes nftproxy's tables for a node (run, sync) also writes the
+    kube-proxy marker, unless told not to."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("peers (flags override --config)")
+    g.add_argument("--kube-proxy-marker", metavar="BOOL", nargs="?", const=True,
+                   type=_bool_arg,
+                   help="write tables ip/ip6 kube-proxy holding one inert chain where none "
+                   "exists, so tools that look for kube-proxy's nftables mode (Calico's "
+                   "nftablesMode Auto) find an nftables proxy (default true)")
+    return p
+
+
 def _bool_arg(text: str) -> bool:
     """kube-proxy's boolean flag values: --flag, --flag=true, --flag=false."""
     value = text.strip().lower()
@@ -126,6 +140,7 @@ _FLAG_DESTS = {
     "healthz_bind_address": "healthz_bind_address",
     "metrics_bind_address": "metrics_bind_address",
     "bind_address_hard_fail": "bind_address_hard_fail",
+    "kube_proxy_marker": "kube_proxy_marker",
 }
 
 

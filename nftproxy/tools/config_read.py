@@ -19,8 +19,10 @@ picks the reader by apiVersion and applies configHardFail.
 Silently accepted: kube-proxy fields that do not change what an nftables
 proxy does (clientConnection, ipvs, winkernel, windows, logging,
 oomScoreAdj, enableProfiling, ...; iptables.localhostNodePorts, which
-kube-proxy's own nftables mode ignores too). Warned about: unknown fields,
-`mode` other than nftables, and feature gates nftproxy does not implement.
+kube-proxy's own nftables mode ignores too). Read in both versions though
+kube-proxy has no such field: `kubeProxyMarker` (core/nft/marker.py).
+Warned about: unknown fields, `mode` other than nftables, and feature gates
+nftproxy does not implement.
 Zero durations and nulls mean "not set", as in kube-proxy's defaulting.
 Invalid values raise ConfigError naming the field path.
 """
@@ -92,6 +94,7 @@ class Reader:
         if doc.get("configHardFail") is not None:
             self.hard_fail = as_bool("configHardFail", doc["configHardFail"])
         self._set("bind_address_hard_fail", doc, "bindAddressHardFail")
+        self._set("kube_proxy_marker", doc, "kubeProxyMarker")
         self._set("node_name", doc, "hostnameOverride", skip_empty=True)
         self._set("detect_local_mode", doc, "detectLocalMode", skip_empty=True)
         self._set("nodeport_addresses", doc, "nodePortAddresses")
@@ -217,6 +220,7 @@ _V1_TOP = frozenset(
         "featureGates",
         "configHardFail",
         "bindAddressHardFail",
+        "kubeProxyMarker",
         "oomScoreAdj",
         "portRange",
         "udpIdleTimeout",
@@ -286,6 +290,7 @@ _V2_TOP = frozenset(
         "metricsBindPort",
         "configHardFail",
         "bindAddressHardFail",
+        "kubeProxyMarker",
         "mode",
         "featureGates",
         "linux",

@@ -427,6 +427,7 @@ SETTINGS: dict[str, tuple[Normaliser, str, str]] = {
         "--feature-gates",
     ),
     "bind_address_hard_fail": (as_bool, "bindAddressHardFail", "--bind-address-hard-fail"),
+    "kube_proxy_marker": (as_bool, "kubeProxyMarker", "--kube-proxy-marker"),
 }
 
 FEATURE_GATES: dict[str, str] = {

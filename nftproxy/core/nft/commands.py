@@ -73,8 +73,11 @@ def _named(name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class AddTable:
+    """Add a table; `create`: refused (EEXIST) if it exists, which `add` is not."""
+
     where: Where
     comment: str | None = None
+    create: bool = False
 
     def __post_init__(self) -> None:
         if self.comment is not None:
@@ -91,9 +94,12 @@ class AddChain:
     where: Where
     name: str
     hook: BaseHook | None = None
+    comment: str | None = None
 
     def __post_init__(self) -> None:
         _named(self.name)
+        if self.comment is not None:
+            names.check_comment(self.comment)
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,10 +145,12 @@ def command_json(command: Command) -> Json:
             if rule.comment:
                 fields["comment"] = rule.comment
             return {"add": {"rule": fields}}
-        case AddChain(where, name, hook):
+        case AddChain(where, name, hook, comment):
             fields = _where(where, name=name)
             if hook is not None:
                 fields.update(type=hook.type, hook=hook.hook, prio=hook.prio, policy=hook.policy)
+            if comment:
+                fields["comment"] = comment
             return {"add": {"chain": fields}}
         case FlushChain(where, name):
             return {"flush": {"chain": _where(where, name=name)}}
@@ -160,11 +162,11 @@ def command_json(command: Command) -> Json:
             return {"flush": {"map" if is_map else "set": _where(where, name=name)}}
         case DeleteSet(where, name, is_map):
             return {"delete": {"map" if is_map else "set": _where(where, name=name)}}
-        case AddTable(where, comment):
+        case AddTable(where, comment, create):
             table: dict[str, Any] = {"family": where.family, "name": where.table}
             if comment:
                 table["comment"] = comment
-            return {"add": {"table": table}}
+            return {"create" if create else "add": {"table": table}}
         case DeleteTable(where):
             return {"delete": {"table": {"family": where.family, "name": where.table}}}
     raise TypeError(f"not a command: {command!r}")

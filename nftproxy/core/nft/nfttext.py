@@ -82,14 +82,14 @@ def command_text(command: Command) -> str:
         case DeleteElements(where, name, keys):
             items = ", ".join([_key(k) for k in keys])
             return f"delete element {_where(where)} {name} {{ {items} }}"
-        case AddChain(where, name, hook):
+        case AddChain(where, name, hook, comment):
+            body: list[str] = [] if hook is None else [
+                f"type {_symbol(hook.type)} hook {_symbol(hook.hook)} priority {_int(hook.prio)}",
+                f"policy {_symbol(hook.policy)}",
+            ]
+            body += [f'comment "{comment}"'] if comment else []
             text = f"add chain {_where(where)} {name}"
-            if hook is None:
-                return text
-            return (
-                f"{text} {{ type {_symbol(hook.type)} hook {_symbol(hook.hook)}"
-                f" priority {_int(hook.prio)}; policy {_symbol(hook.policy)}; }}"
-            )
+            return f"{text} {{ {'; '.join(body)}; }}" if body else text
         case FlushChain(where, name):
             return f"flush chain {_where(where)} {name}"
         case DeleteChain(where, name):
@@ -100,9 +100,9 @@ def command_text(command: Command) -> str:
             return f"flush {'map' if is_map else 'set'} {_where(where)} {name}"
         case DeleteSet(where, name, is_map):
             return f"delete {'map' if is_map else 'set'} {_where(where)} {name}"
-        case AddTable(where, comment):
-            body = f' {{ comment "{comment}"; }}' if comment else ""
-            return f"add table {_where(where)}{body}"
+        case AddTable(where, comment, create):
+            said = f' {{ comment "{comment}"; }}' if comment else ""
+            return f"{'create' if create else 'add'} table {_where(where)}{said}"
         case DeleteTable(where):
             return f"delete table {_where(where)}"
     raise TypeError(f"not a command: {command!r}")
