@@ -3,22 +3,18 @@
 Layer: nft (pure). One job: write typed commands (core/nft/commands.py) as
 libnftables JSON, as objects (`command_json`) or as the text sent
 (`transaction_text`). Total over the commands, declarations by typeof
-included; libnftables 1.0.6 reads no typeof in JSON, so this printer is
-chosen only on 1.1.x (kernel/libnftables.py), where nft's syntax cannot
-say the table's name.
+included. libnftables 1.0.6 reads no typeof in JSON, so a backend takes
+this printer (`syntax="json"`, kernel/libnftables.py) on 1.1.x only.
 
-Elements are written straight to text from their values (`element_text`,
-the same bytes `json.dumps` makes of `element_json`): a full sync of
-10,000 services x 10 endpoints sends ~180,000 of them, and building their
-dicts costs the interpreter's one core much more (bench/RESULTS.md, "What
-moved the numbers").
+The agent prints in nft's syntax, whose element text is written straight
+from the values (the hot path of a full sync); this printer builds the
+objects and dumps them.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from nftproxy.core.nft.commands import (
@@ -39,7 +35,7 @@ from nftproxy.core.nft.commands import (
 from nftproxy.core.nft.ops import typeof_key
 from nftproxy.core.rules import names
 from nftproxy.core.rules.expr import prefix
-from nftproxy.core.rules.fragment import Element, Json, Key, Target, Verdict
+from nftproxy.core.rules.fragment import Element, Json, Key
 
 __all__ = [
     "METAINFO",
@@ -47,7 +43,6 @@ __all__ = [
     "command_text",
     "document_text",
     "element_json",
-    "element_text",
     "key_json",
     "transaction_text",
 ]
@@ -80,35 +75,6 @@ def element_json(e: Element, *, with_comment: bool) -> Any:
     if e.value is None:
         return key
     return [key, e.value.to_json()]
-
-
-def _part_text(part: str | int) -> str:
-    if type(part) is int:
-        return str(part)
-    if type(part) is str and "/" not in part:
-        return encode_basestring_ascii(part)
-    return _DUMPS(_key_part(part))
-
-
-def _value_text(value: Verdict | Target) -> str:
-    if type(value) is Target and type(value.port) is int:
-        return '{"concat":[' + encode_basestring_ascii(value.ip) + "," + str(value.port) + "]}"
-    return _DUMPS(value.to_json())
-
-
-def element_text(e: Element, *, with_comment: bool) -> str:
-    """`_DUMPS(element_json(e, ...))`, written without the objects."""
-    key = e.key
-    if len(key) == 1:
-        text = _part_text(key[0])
-    else:
-        text = '{"concat":[' + ",".join([_part_text(p) for p in key]) + "]}"
-    if with_comment and e.comment:
-        comment = encode_basestring_ascii(names.comment(e.comment))
-        text = '{"elem":{"val":' + text + ',"comment":' + comment + "}}"
-    if e.value is None:
-        return text
-    return "[" + text + "," + _value_text(e.value) + "]"
 
 
 def _set_fields(command: AddSet) -> dict[str, Any]:
@@ -173,12 +139,7 @@ def command_json(command: Command) -> Json:
 
 
 def command_text(command: Command) -> str:
-    """The compact JSON text of one command; elements are written straight
-    from their values."""
-    if type(command) is AddElements:
-        head = _DUMPS(_where(command.where, name=command.name))[:-1]
-        elems = ",".join([element_text(e, with_comment=True) for e in command.elements])
-        return '{"add":{"element":' + head + ',"elem":[' + elems + "]}}}"
+    """The compact JSON text of one command."""
     return _DUMPS(command_json(command))
 
 
