@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from nftproxy.core.rules import names
 from nftproxy.core.rules.fragment import BaseHook, Element, Key, Rule, SetDecl
@@ -36,6 +36,7 @@ __all__ = [
     "FlushChain",
     "FlushSet",
     "Where",
+    "check_name",
 ]
 
 FAMILIES = ("ip", "ip6", "inet")
@@ -67,10 +68,6 @@ class Where:
         check_name(self.table)
 
 
-def _named(name: str) -> None:
-    check_name(name)
-
-
 @dataclass(frozen=True, slots=True)
 class AddTable:
     """Add a table; `create`: refused (EEXIST) if it exists, which `add` is not."""
@@ -97,7 +94,7 @@ class AddChain:
     comment: str | None = None
 
     def __post_init__(self) -> None:
-        _named(self.name)
+        check_name(self.name)
         if self.comment is not None:
             names.check_comment(self.comment)
 
@@ -108,7 +105,7 @@ class FlushChain:
     name: str
 
     def __post_init__(self) -> None:
-        _named(self.name)
+        check_name(self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +114,7 @@ class DeleteChain:
     name: str
 
     def __post_init__(self) -> None:
-        _named(self.name)
+        check_name(self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +124,7 @@ class AddRule:
     rule: Rule
 
     def __post_init__(self) -> None:
-        _named(self.chain)
+        check_name(self.chain)
         if self.rule.comment is not None:
             names.check_comment(self.rule.comment)
 
@@ -141,7 +138,7 @@ class AddSet:
     decl: SetDecl
 
     def __post_init__(self) -> None:
-        _named(self.name)
+        check_name(self.name)
         if not self.decl.key:
             raise CommandError(f"{self.name}: a declaration needs its key's selectors")
         if self.decl.comment is not None:
@@ -159,7 +156,7 @@ class FlushSet:
     is_map: bool = False
 
     def __post_init__(self) -> None:
-        _named(self.name)
+        check_name(self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +166,7 @@ class DeleteSet:
     is_map: bool = False
 
     def __post_init__(self) -> None:
-        _named(self.name)
+        check_name(self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +178,7 @@ class AddElements:
     elements: tuple[Element, ...]
 
     def __post_init__(self) -> None:
-        _named(self.name)
+        check_name(self.name)
         if not self.elements:
             raise CommandError(f"{self.name}: no elements to add")
 
@@ -193,7 +190,7 @@ class DeleteElements:
     keys: tuple[Key, ...]
 
     def __post_init__(self) -> None:
-        _named(self.name)
+        check_name(self.name)
         if not self.keys:
             raise CommandError(f"{self.name}: no elements to delete")
 
@@ -211,12 +208,3 @@ Command: TypeAlias = (
     | AddElements
     | DeleteElements
 )
-
-
-def describe(command: Any) -> str:
-    """A short name for error messages: `add chain ip nftproxy KUBE-SVC-X`."""
-    verb = type(command).__name__
-    name = getattr(command, "name", None) or getattr(command, "chain", "")
-    where = getattr(command, "where", None)
-    place = f"{where.family} {where.table}" if isinstance(where, Where) else ""
-    return " ".join(p for p in (verb, place, name) if p)
