@@ -428,3 +428,14 @@ def chain_count(proxier: Any) -> dict[str, int]:
         "sets": len(t.sets),
         "elements": len(t.index),
     }
+
+
+def raw(backend: Any, doc: str | Sequence[Mapping[str, Any]]) -> None:
+    """Send nft text, or libnftables JSON objects, as one transaction past
+    the typed commands (probes of shapes the product does not build)."""
+    from nftproxy.core.nft.errors import rejection
+
+    text = doc if isinstance(doc, str) else json.dumps({"nftables": list(doc)})
+    rc, _, err = backend._call(lambda ctx: ctx.cmd(text))
+    if rc != 0:
+        raise rejection(str(err).strip())

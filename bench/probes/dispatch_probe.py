@@ -147,12 +147,12 @@ def main() -> int:
     for shape in ("distinct", "shared"):
         shared = shape == "shared"
         with bl.bench_netns("disp") as ns, NftBackend(netns=ns) as backend:
-            backend.declare(_table(args.services, args.endpoints, shared))
+            bl.raw(backend, "\n".join(_table(args.services, args.endpoints, shared)))
             for command in _elements(args.services, args.endpoints, shared):
-                backend.declare([command])
+                bl.raw(backend, command)
             bl.wait_quiet()
             for case, (do, undo) in _cases(args.endpoints).items():
-                p50 = _p50(lambda text: backend.declare([text]), do, undo, args.reps)
+                p50 = _p50(lambda text: bl.raw(backend, text), do, undo, args.reps)
                 label = f"{shape}/{args.services}x{args.endpoints}/{case}"
                 bl.emit(BENCH, label, commit_ms_p50=round(p50, 3), userspace=where)
                 rows.append([label, round(p50, 2)])

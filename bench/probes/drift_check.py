@@ -88,7 +88,7 @@ def run_size(shape: bl.ClusterShape, reps: int, *, quiet: bool) -> list[dict[str
         flush = {"flush": {"chain": {"family": "ip", "table": TABLE, "name": "nat-prerouting"}}}
 
         def repair() -> None:
-            backend.commit([flush])  # another process, as far as the proxier can tell
+            bl.raw(backend, [flush])  # another process, as far as the proxier can tell
             if not proxier.sync().full:
                 raise RuntimeError("the drift check missed a flushed chain")
 

@@ -106,15 +106,8 @@ class _Collector:
     def encoded(self, commands: Any) -> Any:
         return commands  # the facade encodes the shards' commands as one transaction
 
-    def declare(self, texts: Any) -> None:
-        """nft text declarations (libnftables 1.0.6): sent at once."""
-        self.backend.declare(texts)
-
     def list_table_objects(self, family: str, table: str) -> Any:
         return self.backend.list_table_objects(family, table)
-
-    def accepts_typeof(self) -> bool:
-        return bool(self.backend.accepts_typeof())
 
 
 class Facade:

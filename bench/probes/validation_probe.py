@@ -54,7 +54,7 @@ BENCH = "validation_probe"
 
 def _timed(backend: Any, commands: list[dict[str, Any]]) -> float:
     t0 = time.perf_counter()
-    backend.commit(commands)
+    bl.raw(backend, commands)
     return time.perf_counter() - t0
 
 
@@ -162,11 +162,11 @@ def main() -> int:
             ]}
             for i in range(11)
         ]
-        backend.commit([
+        bl.raw(backend, [
             {"add": {"chain": {**table, "name": svc_chain}}},
             *({"add": {"rule": r}} for r in rules),
         ])
-        backend.commit([
+        bl.raw(backend, [
             {"add": {"set": {**table, "name": f"probe-bits-{i}",
                              "type": ["ipv4_addr", "inet_proto", "inet_service"]}}}
             for i in range(7)
@@ -175,12 +175,12 @@ def main() -> int:
         bl.progress(f"{shape.label}: loaded; probing in {svc_chain} ({len(rules)} rules)")
         for case, (do, undo) in _cases(table, svc_chain, rules).items():
             if case in _PRESENT_BEFORE:
-                backend.commit(undo[-1:])
+                bl.raw(backend, undo[-1:])
             times = []
             for _ in range(args.reps):
                 times.append(_timed(backend, do))
                 if undo:
-                    backend.commit(undo)
+                    bl.raw(backend, undo)
             s = bl.summary(times, 1000)
             bl.emit(BENCH, f"{shape.label}/{case}", commit_ms=s, libnftables=lib)
             bl.progress(

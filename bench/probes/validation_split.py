@@ -42,9 +42,9 @@ def _p50(backend: Any, reps: int) -> float:
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        backend.commit([{"add": {"element": elem}}])
+        bl.raw(backend, [{"add": {"element": elem}}])
         times.append(time.perf_counter() - t0)
-        backend.commit([{"delete": {"element": {**elem, "elem": [key]}}}])
+        bl.raw(backend, [{"delete": {"element": {**elem, "elem": [key]}}}])
     return bl.summary(times, 1000)["p50"]
 
 
@@ -81,7 +81,7 @@ def _inline_mark(backend: Any) -> None:
                 for e in r["expr"]
             ]
             cmds.append({"add": {"rule": {**T, "chain": name, "expr": expr}}})
-    backend.commit(cmds)
+    bl.raw(backend, cmds)
 
 
 def _map_elements(backend: Any, name: str) -> list[Any]:
@@ -126,12 +126,12 @@ def _delete_gotos(backend: Any, doomed: Any) -> None:
             continue
         own = [e[0] for e in elements if doomed(str(e[1].get("goto", {}).get("target", "")))]
         if own:
-            backend.commit([{"delete": {"element": {**T, "name": name, "elem": own}}}])
+            bl.raw(backend, [{"delete": {"element": {**T, "name": name, "elem": own}}}])
 
 
 def _few_elements(backend: Any) -> None:
     keys = [e[0] for e in _map_elements(backend, "service-ips")][100:]
-    backend.commit([{"delete": {"element": {**T, "name": "service-ips", "elem": keys}}}])
+    bl.raw(backend, [{"delete": {"element": {**T, "name": "service-ips", "elem": keys}}}])
 
 
 def main() -> int:
