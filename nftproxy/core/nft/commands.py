@@ -14,12 +14,11 @@ fragment.Element, and comments are made sayable by names.comment.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from nftproxy.core.rules import names
-from nftproxy.core.rules.fragment import BaseHook, Element, Key, Rule, SetDecl
+from nftproxy.core.rules.fragment import NAME, BaseHook, Element, Key, Rule, SetDecl
 
 __all__ = [
     "AddChain",
@@ -41,7 +40,6 @@ __all__ = [
 
 FAMILIES = ("ip", "ip6", "inet")
 """nftproxy writes ip and ip6 tables; tests also make inet ones, as other programs do."""
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*\Z")
 
 
 class CommandError(ValueError):
@@ -50,7 +48,7 @@ class CommandError(ValueError):
 
 def check_name(name: str) -> str:
     """`name` if nft's syntax can say it and the kernel takes it."""
-    if not _NAME.match(name) or len(name.encode()) >= names.NAME_MAX:
+    if not NAME.match(name) or len(name.encode()) >= names.NAME_MAX:
         raise CommandError(f"invalid nftables object name {name!r}")
     return name
 

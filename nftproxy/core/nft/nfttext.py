@@ -43,7 +43,7 @@ from nftproxy.core.nft.commands import (
 )
 from nftproxy.core.rules import names
 from nftproxy.core.rules.expr import prefix
-from nftproxy.core.rules.fragment import Element, Key, Target, Verdict
+from nftproxy.core.rules.fragment import NAME, Element, Key, Target, Verdict
 
 __all__ = ["NoText", "command_text", "transaction_text"]
 
@@ -52,7 +52,6 @@ class NoText(ValueError):
     """A rule statement this module cannot write in nft's syntax."""
 
 
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*\Z")
 _SYMBOL = re.compile(r"[a-z][a-z0-9\-]*\Z")
 _ADDRESS = re.compile(r"[0-9A-Fa-f.:]+(/[0-9]+)?\Z")
 
@@ -177,7 +176,7 @@ def _elem(body: Mapping[str, Any]) -> str:
 
 
 def _name(value: Any) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not NAME.match(value):
         raise NoText(f"name {value!r}")
     return value
 

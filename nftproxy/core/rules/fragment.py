@@ -30,6 +30,7 @@ from nftproxy.core.model import IPFamily
 __all__ = [
     "AFFINITY_TABLE",
     "COMPRESS_FROM",
+    "NAME",
     "NUMGEN_KEY",
     "SELECTORS",
     "BadValue",
@@ -87,7 +88,8 @@ def kernel_name(name: str) -> str:
 
 _KEY_TEXT = re.compile(r"(?:[0-9A-Fa-f.:]+(?:/[0-9]{1,3})?|tcp|udp|sctp)\Z")
 """A key part's text: an address, a CIDR or a protocol (nothing a printer quotes)."""
-_CHAIN = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*\Z")
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*\Z")
+"""A table, chain or set name nft's syntax can say: it quotes none."""
 _JUMPS = ("goto", "jump")
 _VERDICTS = ("accept", "drop", "return")
 
@@ -116,7 +118,7 @@ class Verdict:
 
     def __post_init__(self) -> None:
         if self.kind in _JUMPS:
-            if not _CHAIN.match(self.target):
+            if not NAME.match(self.target):
                 raise BadValue(f"verdict {self.kind} {self.target!r}")
         elif self.kind not in _VERDICTS or self.target:
             raise BadValue(f"verdict {self.kind!r} {self.target!r}")
