@@ -19,7 +19,7 @@ again. `ensure` logs a failure and returns; it never stops a sync.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -75,7 +75,7 @@ class KubeProxyMarker:
         self,
         backend: MarkerBackend,
         *,
-        committing: Callable[[], AbstractContextManager[object]] = nullcontext,
+        committing: Callable[[Sequence[Command]], AbstractContextManager[object]] = nullcontext,
         log: logging.Logger | None = None,
     ) -> None:
         self.backend = backend
@@ -108,7 +108,7 @@ class KubeProxyMarker:
                     commands += missing
                     written.append(family)
             if commands:
-                with self.committing():
+                with self.committing(commands):
                     self.backend.commit(commands)
         except NftError as exc:
             self.log.warning("cannot write nftproxy's kube-proxy marker; retrying after the "

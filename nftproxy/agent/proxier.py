@@ -86,8 +86,6 @@ __all__ = ["Proxier"]
 FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
 FRESH_CHUNK_ENDPOINTS = 2000
 """Endpoints per transaction of a full sync in steps (see above)."""
-_ONE_COMMIT = (None,)
-"""What DriftWatch.committing is told of a hook's own commit: one, not empty."""
 
 
 class _Inputs:
@@ -223,11 +221,11 @@ class Proxier:
         with self._lock:
             self._inputs.need_full = True
 
-    def committing_aside(self) -> AbstractContextManager[None]:
-        """Wrap one small commit a post-commit hook makes of its own (the
-        kube-proxy marker, agent/marker.py), so that the drift check counts
-        it as ours rather than another process's."""
-        return self._drift.committing(_ONE_COMMIT)
+    def committing_aside(self, commands: Sequence[Command]) -> AbstractContextManager[None]:
+        """Wrap the commit of `commands` a post-commit hook makes of its own
+        (the kube-proxy marker, agent/marker.py), so that the drift check
+        counts it as ours rather than another process's."""
+        return self._drift.committing(commands)
 
     # ---- views ------------------------------------------------------------------
 
