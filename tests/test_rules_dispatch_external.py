@@ -449,7 +449,7 @@ def test_external_destinations_are_marked_before_the_verdict_maps(
     decls = {s.name: s for s in skeleton.sets}
     assert decls["masquerade-vips"].key == (f"{ip} daddr", "meta l4proto", "th dport")
     assert decls["masquerade-nodeports"].key == ("meta l4proto", "th dport")
-    assert not any(decls[n].map or decls[n].flags or decls[n].text_only
+    assert not any(decls[n].map or decls[n].flags or "integer" in decls[n].type
                    for n in ("masquerade-vips", "masquerade-nodeports"))
 
 

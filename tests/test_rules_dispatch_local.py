@@ -299,6 +299,6 @@ def test_the_choosers_maps_are_verdict_maps_keyed_as_service_ips_and_service_nod
         assert list(decls) == [f"{where}-cluster-choosers", f"{where}-local-choosers"]
         for decl in decls.values():
             assert (decl.key, decl.map) == (main[dispatch_map].key, "verdict")
-            assert not decl.text_only and decl.elements == ()
+            assert "integer" not in decl.type and decl.elements == ()
     assert made.external_local(nodeport=False) is made.external_local(nodeport=False)
     assert [c.name for c in skeleton.chains] == SKELETON_CHAINS

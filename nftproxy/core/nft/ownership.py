@@ -1,12 +1,12 @@
 """Which tables are nftproxy's: the mark it writes, and the refusal to touch others.
 
-Layer: nft (pure). One job: the comment every table nftproxy creates carries
-(`TABLE_MARK`, written by core/nft/ops.py `Table.add_tables` and
-`marked_tables_text`), the tables a `--table-name` stands for (`our_tables`:
-both names of the pair and their affinity tables, per family), and the
-decision, from what the kernel edge found (`FoundTable`, kernel/libnftables.py
-`find_tables`), that one of them exists without the mark (`foreign_table`)
--- `sync`, `run` and `cleanup` then touch nothing and say so (`refusal`).
+Layer: nft (pure). One job: the comment every table nftproxy creates
+carries (`TABLE_MARK`, written by core/nft/ops.py `Table.add_tables`), the
+tables a `--table-name` stands for (`our_tables`: both names of the pair
+and their affinity tables, per family), and the decision, from what the
+kernel edge found (`FoundTable`, kernel/libnftables.py `find_tables`), that
+one of them exists without the mark (`foreign_table`) -- `sync`, `run` and
+`cleanup` then touch nothing and say so (`refusal`).
 
 The mark must be the same text every time: the kernel keeps the comment a
 table was created with and ignores the one of a later `add table`.

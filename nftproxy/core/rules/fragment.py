@@ -244,12 +244,6 @@ class SetDecl:
         value = " . ".join(datatypes(data))
         return cls(name, datatypes(key), map=value, key=key, data=data, **fields)
 
-    @property
-    def text_only(self) -> bool:
-        """Whether libnftables 1.0.6 can declare it only in nft text (an
-        integer key part: its JSON takes no typeof, ops.py)."""
-        return "integer" in self.type
-
     def declaration(self) -> tuple[Any, ...]:
         """What cannot change in place: a different declaration means delete + add."""
         return (self.type, self.map, self.flags, self.timeout, self.size)
