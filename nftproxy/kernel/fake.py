@@ -116,7 +116,6 @@ class FakeBackend:
                 self._next_table_handle,
                 dynset_targets(commands),
                 v11=self._v11,
-                text=self.syntax == "nft",
             )
             for index, command in enumerate(commands):
                 try:

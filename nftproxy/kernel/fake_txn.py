@@ -89,14 +89,11 @@ class Txn:
         evaluated: frozenset[SetKey] = frozenset(),
         *,
         v11: bool = False,
-        text: bool = False,
     ) -> None:
         self.tables = dict(tables)
         self.next_table_handle = next_table_handle
         self.evaluated = evaluated
         self.v11 = v11
-        self.text = text
-        """Declarations read from nft text (fake_text.py): integer keys allowed."""
         self.edges_added: set[TableKey] = set()
         self._own: set[int] = set()  # ids of objects copied (or made) in this txn
 
@@ -275,10 +272,6 @@ class Txn:
             obj["map"] = self._data_type(spec["map"])
         if isinstance(type_, dict) and not self.v11:
             raise Refused(EINVAL_TYPE, f"{kind} {name}: typeof in JSON (libnftables 1.0.6)")
-        if not (self.v11 or self.text) and "integer" in (
-            type_ if isinstance(type_, list) else [type_]
-        ):
-            raise Refused(EINVAL_TYPE, f"{kind} {name}: integer key in JSON (libnftables 1.0.6)")
         says_dynamic = "dynamic" in spec.get("flags", ())
         flags = [f for f in spec.get("flags", ()) if f != "dynamic"]
         if flags:
