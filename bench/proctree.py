@@ -192,8 +192,10 @@ class TreeSampler:
         sizes = list(sizes)
         if not sizes:
             return
-        for pid, _ in sizes:
-            self._hwm[pid] = max(self._hwm.get(pid, 0), _hwm_bytes(pid))
+        for pid, rss in sizes:
+            # VmHWM, read after statm, can miss a peak that statm saw (the
+            # process exited, or freed memory before the kernel's hiwater update).
+            self._hwm[pid] = max(self._hwm.get(pid, 0), _hwm_bytes(pid), rss)
         root = sum(s for pid, s in sizes if pid == self.root)
         total = sum(s for _, s in sizes)
         self._peak = max(self._peak, total)
